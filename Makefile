@@ -1,0 +1,26 @@
+# Two entry points do all set-up on a fresh machine (see README):
+#   make demo   - create .venv if needed, then score sample clips (demo weights unless MODEL=DIR)
+#   make test   - create .venv if needed, then run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.nvrm-installed
+
+.PHONY: demo test install bench clean
+
+install: $(STAMP)
+
+# torch/torchvision are pinned in pyproject.toml to the builds in the local
+# wheel cache, so pip resolves them from disk instead of downloading GBs.
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/nvrm demo $(if $(MODEL),--model $(MODEL),)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

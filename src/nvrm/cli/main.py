@@ -1,0 +1,72 @@
+"""``nvrm`` command line: a thin table of subcommands over library functions.
+
+Expected failures (bad input, bad bundle, no network) print one line,
+``nvrm: error: ...``, and exit 2. Tests call ``main(argv)`` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+from typing import Callable, Sequence
+
+from ..errors import NvrmError
+from . import commands, demo
+
+# (name, help, add_arguments, run)
+SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
+    ("score", "score one candidate continuation", commands.add_score_args, commands.run_score),
+    ("frames", "write the exact frames the model sees", commands.add_frames_args, commands.run_frames),
+    ("verify", "check a bundle against its manifest", commands.add_verify_args, commands.run_verify),
+    ("download", "download a bundle from the Hugging Face Hub", commands.add_download_args, commands.run_download),
+    ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nvrm", description="WORL-NVRM next-video reward model runtime")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text, add_args, run in SUBCOMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="nvrm: %(message)s")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+    def show(message, category, filename, lineno, file=None, line=None):  # one line, no source path
+        print(f"nvrm: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = show
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _quiet_libraries(args.verbose)
+    try:
+        return int(args.run(args) or 0)
+    except NvrmError as e:
+        print(f"nvrm: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("nvrm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The WORL-NVRM release preprocessing contract, as one frozen object.
+
+Every value here comes from the release's model card (5 s candidate, 1 FPS,
+height 360, JPEG quality 85, pixel bounds 1,024-76,800, thinking disabled,
+raw BF16 last-token reward) or from the Qwen3-VL architecture (16-pixel
+patches merged 2x2, so a resize factor of 32). The chat layout strings are
+nvrm's own: the release's layout is not public, so a bundle may override any
+field with an ``nvrm_contract.json`` next to its weights.
+
+The fingerprint is the sha256 of the canonical JSON form; every score records
+it, so two numbers are comparable only when their fingerprints agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import BundleError
+
+CONTRACT_FILENAME = "nvrm_contract.json"
+
+
+@dataclass(frozen=True)
+class Contract:
+    """How a (prompt, context, candidate) triple becomes model input."""
+
+    version: int = 1
+    """Schema version of this object; bump when a field changes meaning."""
+    candidate_seconds: float = 5.0
+    """Length of the candidate continuation the model judges, in seconds."""
+    sample_fps: float = 1.0
+    """Frames sampled per second of video, nearest frame to each tick (ties: earlier)."""
+    max_context_frames: int | None = None
+    """Cap on context frames; when set, the most recent ones are kept."""
+    resize_height: int = 360
+    """Every frame is first resized (Pillow bicubic) to this height, width round(w*H/h)."""
+    jpeg_quality: int = 85
+    """Quality of the JPEG round trip each frame goes through (Pillow defaults otherwise)."""
+    patch_size: int = 16
+    """Vision patch size in pixels (Qwen3-VL)."""
+    merge_size: int = 2
+    """Spatial merge of patches (Qwen3-VL); resize factor = patch_size * merge_size."""
+    min_pixels: int = 1024
+    """Lower pixel bound for qwen-vl-utils smart_resize, also passed to the processor."""
+    max_pixels: int = 76800
+    """Upper pixel bound for qwen-vl-utils smart_resize, also passed to the processor."""
+    max_aspect_ratio: float = 200.0
+    """Largest long/short side ratio qwen-vl-utils accepts."""
+    max_jpeg_width: int = 65535
+    """Widest frame Pillow can write as JPEG; frames wider after the height resize are refused."""
+    context_header: str = "{prompt}\nPreceding video:\n"
+    """Text before the context frames; ``{prompt}`` is replaced by the prompt."""
+    candidate_header: str = "\nCandidate continuation:\n"
+    """Text between the context frames and the candidate frames."""
+    add_generation_prompt: bool = True
+    """Render the chat template with the assistant generation prompt at the end."""
+    enable_thinking: bool = False
+    """Passed to the chat template; the release disables thinking."""
+    normalize_hidden: bool = False
+    """Extra normalisation of the final hidden state before the head (release: none)."""
+    head_dtype: str = "bfloat16"
+    """Dtype the reward head runs in; the reward is that dtype's raw logit."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not (self.candidate_seconds > 0 and math.isfinite(self.candidate_seconds)):
+            problems.append(f"candidate_seconds={self.candidate_seconds!r} must be a positive number")
+        if not (self.sample_fps > 0 and math.isfinite(self.sample_fps)):
+            problems.append(f"sample_fps={self.sample_fps!r} must be a positive number")
+        if self.max_context_frames is not None and self.max_context_frames < 1:
+            problems.append(f"max_context_frames={self.max_context_frames!r} must be >= 1 or null")
+        if self.resize_height < 1:
+            problems.append(f"resize_height={self.resize_height!r} must be >= 1")
+        if not 1 <= self.jpeg_quality <= 100:
+            problems.append(f"jpeg_quality={self.jpeg_quality!r} must be in 1..100")
+        if self.patch_size < 1 or self.merge_size < 1:
+            problems.append("patch_size and merge_size must be >= 1")
+        if not 0 < self.min_pixels <= self.max_pixels:
+            problems.append(f"pixel bounds {self.min_pixels}..{self.max_pixels} must satisfy 0 < min <= max")
+        if self.max_aspect_ratio < 1:
+            problems.append(f"max_aspect_ratio={self.max_aspect_ratio!r} must be >= 1")
+        if "{prompt}" not in self.context_header:
+            problems.append("context_header must contain '{prompt}'")
+        if self.head_dtype not in ("bfloat16", "float16", "float32"):
+            problems.append(f"head_dtype={self.head_dtype!r} must be bfloat16, float16 or float32")
+        if problems:
+            raise BundleError("invalid contract: " + "; ".join(problems))
+
+    @property
+    def resize_factor(self) -> int:
+        """Side lengths are rounded to multiples of this (32 for Qwen3-VL)."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def candidate_frames(self) -> int:
+        """Number of candidate frames: one per sampling tick in the candidate window."""
+        return int(round(self.candidate_seconds * self.sample_fps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no whitespace, the fingerprint's input."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON form, hex."""
+        return hashlib.sha256(self.to_json().encode("ascii")).hexdigest()
+
+    @property
+    def short_fingerprint(self) -> str:
+        return self.fingerprint[:12]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "contract") -> "Contract":
+        """Build from a (possibly partial) mapping; missing fields keep release defaults."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BundleError(
+                f"{source}: unknown contract field(s) {', '.join(unknown)}; known fields: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(data))
+
+    @classmethod
+    def for_bundle(cls, bundle_dir: str | Path) -> "Contract":
+        """The release contract, with the bundle's ``nvrm_contract.json`` overrides if present."""
+        path = Path(bundle_dir) / CONTRACT_FILENAME
+        if not path.is_file():
+            return cls()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise BundleError(f"{path}: cannot read contract overrides ({e})") from e
+        if not isinstance(data, dict):
+            raise BundleError(f"{path}: contract overrides must be a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data, source=str(path))
+
+
+RELEASE_CONTRACT = Contract()
+"""The contract exactly as the WORL-NVRM model card documents it."""

@@ -1,0 +1,55 @@
+"""Every error nvrm raises on purpose.
+
+Each message is one line that names the value that was seen and, where there
+is one, the fix. The CLI prints ``str(error)`` and exits non-zero; it never
+shows a traceback for these.
+"""
+
+from __future__ import annotations
+
+
+class NvrmError(Exception):
+    """Base class: an expected failure with a one-line, user-facing message."""
+
+    exit_code = 2
+
+    def __str__(self) -> str:  # keep messages on one line whatever was interpolated
+        return " ".join(super().__str__().split())
+
+
+class InputError(NvrmError, ValueError):
+    """A video, clip or image handed to nvrm cannot be used.
+
+    ``source`` names the input (a path, ``"<bytes>"``, ``"Clip"`` ...) and
+    ``role`` says which slot it filled (``context`` or ``candidate``).
+    """
+
+    def __init__(self, source: str, reason: str, role: str | None = None):
+        self.source = source
+        self.reason = reason
+        self.role = role
+        where = f"{role} {source}" if role else source
+        super().__init__(f"{where}: {reason}")
+
+    def with_role(self, role: str) -> "InputError":
+        """The same error, saying which slot (context/candidate) the input filled."""
+        if self.role is not None:
+            return self
+        return type(self)(self.source, self.reason, role=role)
+
+
+class ContractError(InputError):
+    """The input decodes, but the release preprocessing contract cannot be met
+    (too-short candidate, an aspect ratio the contract cannot encode, ...)."""
+
+
+class BundleError(NvrmError):
+    """A model bundle is missing files, has wrong weights or a bad config."""
+
+
+class IntegrityError(BundleError):
+    """A bundle file does not match its manifest (sha256 or size)."""
+
+
+class DownloadError(NvrmError):
+    """Fetching a bundle from the Hugging Face Hub failed."""

@@ -1,0 +1,141 @@
+"""What users hand in as context or candidate, and how it becomes model frames.
+
+Accepted for either slot:
+- a video (or image) file path, decoded with PyAV;
+- encoded video bytes;
+- ``Clip(frames, fps)``: a uint8 ``(T, H, W, 3)`` NumPy array or torch tensor,
+  e.g. straight from a world model, sampled by the same 1 FPS rule on its
+  frame times ``i / fps`` (no file round trip);
+- a list of images (PIL images or ``(H, W, 3)`` uint8 arrays), taken as
+  already sampled at the contract's rate; a single image is a one-frame clip.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence, Union
+
+import numpy as np
+from PIL import Image
+
+from .contract import Contract
+from .errors import InputError
+from .video.decode import read_sampled
+from .video.frames import array_to_image, prepare_frame, to_rgb
+from .video.sampling import SamplePlan, plan_candidate, plan_context
+
+
+@dataclass(frozen=True, eq=False)
+class Clip:
+    """Decoded frames in memory: uint8 ``(T, H, W, 3)`` at ``fps`` frames per second."""
+
+    frames: Any
+    """NumPy array or torch tensor of shape (T, H, W, 3), dtype uint8, RGB."""
+    fps: float
+    """Frame rate of ``frames``; frame i is at time i / fps."""
+    name: str = field(default="Clip")
+    """How the clip is named in messages."""
+
+    def __post_init__(self) -> None:
+        frames = self.frames
+        if hasattr(frames, "detach") and hasattr(frames, "cpu"):  # torch.Tensor, without importing torch here
+            frames = frames.detach().cpu().numpy()
+        frames = np.asarray(frames)
+        if frames.dtype != np.uint8:
+            raise InputError(self.name, f"frames must be uint8, got {frames.dtype}")
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise InputError(self.name, f"frames must have shape (T, H, W, 3), got {tuple(frames.shape)}")
+        if frames.shape[0] == 0:
+            raise InputError(self.name, "clip has zero frames")
+        if not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0):
+            raise InputError(self.name, f"fps must be a positive number, got {self.fps!r}")
+        object.__setattr__(self, "frames", frames)
+
+    def __len__(self) -> int:
+        return int(self.frames.shape[0])
+
+    @property
+    def times(self) -> list[float]:
+        return [i / self.fps for i in range(len(self))]
+
+
+ImageLike = Union[Image.Image, np.ndarray]
+VideoInput = Union[str, os.PathLike, bytes, bytearray, memoryview, Clip, ImageLike, Sequence[ImageLike]]
+
+
+@dataclass(frozen=True)
+class PreparedVideo:
+    """One input after the contract: the exact images the processor receives."""
+
+    images: tuple[Image.Image, ...]
+    """Contract-prepared frames (height 360, JPEG q85, smart-resized)."""
+    times: tuple[float, ...]
+    """Source presentation time (s) of each frame."""
+    source: str
+    """How the input is named in messages."""
+
+
+def _plan(times: Sequence[float], role: str, contract: Contract, name: str, nominal: float | None) -> SamplePlan:
+    if role == "candidate":
+        return plan_candidate(times, contract, name, nominal)
+    return plan_context(times, contract, name, nominal)
+
+
+def _image_list(value: Sequence[Any], name: str) -> list[Image.Image]:
+    images = []
+    for i, item in enumerate(value):
+        if isinstance(item, Image.Image):
+            images.append(to_rgb(item))
+        elif isinstance(item, np.ndarray) or (hasattr(item, "detach") and hasattr(item, "cpu")):
+            arr = item.detach().cpu().numpy() if hasattr(item, "detach") else item
+            images.append(array_to_image(np.asarray(arr), f"{name}[{i}]"))
+        else:
+            raise InputError(f"{name}[{i}]", f"expected a PIL image or (H, W, 3) uint8 array, got {type(item).__name__}")
+    if not images:
+        raise InputError(name, "image list is empty")
+    return images
+
+
+def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list[Image.Image], SamplePlan, str]:
+    """Sample RGB frames from any accepted input (no contract transform yet)."""
+    if role not in ("context", "candidate"):
+        raise ValueError(f"role must be 'context' or 'candidate', got {role!r}")
+    try:
+        if isinstance(value, Clip):
+            plan = _plan(value.times, role, contract, value.name, 1.0 / value.fps)
+            images = [array_to_image(value.frames[i], value.name) for i in plan.indices]
+            return images, plan, value.name
+        if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)):
+            if isinstance(value, str) and not value:
+                raise InputError("''", "empty path")
+            sampled = read_sampled(value, role, contract)
+            return list(sampled.images), sampled.plan, sampled.source
+        if isinstance(value, Image.Image) or (isinstance(value, np.ndarray) and value.ndim == 3):
+            value = [value]
+        if isinstance(value, np.ndarray) and value.ndim == 4:
+            raise InputError("array", "a (T, H, W, 3) array needs its frame rate: wrap it as nvrm.Clip(frames, fps=...)")
+        if isinstance(value, (list, tuple)):
+            name = f"<{len(value)} images>"
+            images = _image_list(value, name)
+            times = [k / contract.sample_fps for k in range(len(images))]
+            plan = _plan(times, role, contract, name, 1.0 / contract.sample_fps)
+            return [images[i] for i in plan.indices], plan, name
+    except InputError as e:
+        raise e.with_role(role) from e
+    raise InputError(
+        type(value).__name__,
+        "unsupported input; pass a path, video bytes, nvrm.Clip, or a list of images",
+        role=role,
+    )
+
+
+def prepare_input(value: VideoInput, role: str, contract: Contract) -> PreparedVideo:
+    """Sample and apply the per-frame contract to one context or candidate."""
+    images, plan, name = sample_input(value, role, contract)
+    try:
+        prepared = tuple(prepare_frame(img, contract, f"{name} @ {t:.3f}s") for img, t in zip(images, plan.times))
+    except InputError as e:
+        raise e.with_role(role) from e
+    return PreparedVideo(prepared, plan.times, name)

@@ -1,0 +1,329 @@
+"""Build small random-weight bundles in the exact WORL-NVRM release layout.
+
+The real release is ~9 GB and cannot be fetched here, so tests, the demo and
+the CPU benchmark build their own: ``config.json`` (``Qwen3VLModel``), three
+backbone shards with ``model.safetensors.index.json``, ``nvrm_head.safetensors``
+(``rm_head.weight``), processor and tokenizer assets with a chat template, and
+an integrity manifest. The runtime loads them through the same code path as
+the release; nothing in it knows these are test bundles.
+
+Weights are seeded per parameter name, so a bundle is a pure function of its
+spec and seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# A Qwen3-VL style chat template written for nvrm's test bundles: no default
+# system prompt, images as <|vision_start|><|image_pad|><|vision_end|>, text
+# verbatim, generation prompt "<|im_start|>assistant\n". Whitespace is emitted
+# only through string literals so Jinja's trim settings cannot change it.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' or 'image' in item -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif item['type'] == 'video' or 'video' in item -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+_CORPUS = (
+    "A person walks down a busy street at night. The camera moves forward through a forest. "
+    "A red car drives along the coast road. Preceding video: Candidate continuation: "
+    "the scene continues smoothly, objects keep moving, light changes, a cat jumps onto a table. "
+    "Ein Hund läuft über die Wiese. 街道上的行人 カメラが前進する 0123456789 ,.;:!?-()[]{}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Architecture of a test bundle (Qwen3-VL shaped, tiny sizes)."""
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    mrope_section: tuple[int, int, int] = (2, 3, 3)
+    vision_depth: int = 2
+    vision_hidden: int = 32
+    vision_heads: int = 2
+    vision_intermediate: int = 64
+    deepstack_indexes: tuple[int, ...] = (0, 1)
+    num_position_embeddings: int = 64
+    vocab_target: int = 512
+    weight_std: float = 0.08
+    seed: int = 0
+    extra_text: dict = field(default_factory=dict)
+
+
+MID_SPEC = TinySpec(
+    hidden_size=256,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=32,
+    intermediate_size=768,
+    mrope_section=(4, 6, 6),
+    vision_depth=4,
+    vision_hidden=128,
+    vision_heads=4,
+    vision_intermediate=512,
+    deepstack_indexes=(1, 2, 3),
+    num_position_embeddings=256,
+    weight_std=0.05,
+)
+"""A mid-size random bundle for CPU benchmarks (a few tens of MB)."""
+
+
+def build_tokenizer(vocab_target: int = 512):
+    """A small byte-level BPE tokenizer with Qwen's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_target - len(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = Qwen2TokenizerFast(
+        tokenizer_object=tok,
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    fast.model_max_length = 262144
+    return fast
+
+
+def build_processor(tokenizer, chat_template: str = CHAT_TEMPLATE):
+    """Processor assets shaped like the release's: note the image processor's
+    own pixel bounds (shortest_edge 65,536) differ from the contract's."""
+    from transformers import Qwen2VLImageProcessorFast, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    image_processor = Qwen2VLImageProcessorFast(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+    )
+    video_processor = Qwen3VLVideoProcessor(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": 4096, "longest_edge": 25165824},
+    )
+    return Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=chat_template,
+    )
+
+
+def build_config(spec: TinySpec, tokenizer):
+    from transformers import Qwen3VLConfig
+
+    vocab = len(tokenizer)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(
+        vocab_size=vocab,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=262144,
+        rope_theta=5000000.0,
+        rope_scaling={"rope_type": "default", "mrope_section": list(spec.mrope_section), "mrope_interleaved": True},
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        **spec.extra_text,
+    )
+    vision = dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden_size,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        num_position_embeddings=spec.num_position_embeddings,
+        deepstack_visual_indexes=list(spec.deepstack_indexes),
+    )
+    config = Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    config.architectures = ["Qwen3VLModel"]
+    config.dtype = torch.bfloat16
+    return config
+
+
+def _seeded_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.randn(shape, generator=g) * std
+
+
+def random_state_dict(config, spec: TinySpec) -> dict[str, torch.Tensor]:
+    """Backbone weights in the bare ``Qwen3VLModel`` key layout, bfloat16."""
+    from accelerate import init_empty_weights
+    from transformers import Qwen3VLModel
+
+    with init_empty_weights():
+        shapes = {k: tuple(v.shape) for k, v in Qwen3VLModel(config).state_dict().items()}
+    out = {}
+    for name in sorted(shapes):
+        shape = shapes[name]
+        if len(shape) == 1 and ("norm" in name):
+            t = 1.0 + _seeded_normal(name, shape, spec.seed, 0.1)
+        elif name.endswith("bias"):
+            t = _seeded_normal(name, shape, spec.seed, 0.02)
+        elif "embed_tokens" in name:
+            t = _seeded_normal(name, shape, spec.seed, 1.0)
+        else:
+            t = _seeded_normal(name, shape, spec.seed, spec.weight_std)
+        out[name] = t.to(torch.bfloat16).contiguous()
+    return out
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(
+    bundle: Path,
+    name: str = "RELEASE_MANIFEST.json",
+    style: Literal["dict", "list"] = "dict",
+    revision: str | None = None,
+) -> Path:
+    """Record sha256 and size of every file in ``bundle`` (except manifests)."""
+    skip = {"RELEASE_MANIFEST.json", "worl-bundle.json"}
+    files = sorted(p for p in bundle.rglob("*") if p.is_file() and p.name not in skip)
+    entries = {p.relative_to(bundle).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size} for p in files}
+    if style == "dict":
+        body: dict = {"files": entries}
+    else:
+        body = {"files": [{"path": k, **v} for k, v in entries.items()]}
+    if revision is not None:
+        body["source"] = {"revision": revision}
+    path = bundle / name
+    path.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_backbone(bundle: Path, state: dict[str, torch.Tensor], shards: int = 3) -> None:
+    from safetensors.torch import save_file
+
+    keys = sorted(state)
+    per = -(-len(keys) // shards)
+    weight_map, total = {}, 0
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: state[k] for k in keys[s * per : (s + 1) * per]}
+        save_file(part, str(bundle / fname), metadata={"format": "pt"})
+        for k, v in part.items():
+            weight_map[k] = fname
+            total += v.numel() * v.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (bundle / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def build_tiny_bundle(
+    out_dir: str | Path,
+    spec: TinySpec = TinySpec(),
+    *,
+    key_layout: Literal["bare", "prefixed"] = "bare",
+    shards: int = 3,
+    head_bias: bool = False,
+    manifest: str | None = "RELEASE_MANIFEST.json",
+    manifest_style: Literal["dict", "list"] = "dict",
+    revision: str | None = "tiny-test-0001",
+    contract_overrides: dict | None = None,
+    label: str = "nvrm tiny random-weight test bundle (NOT the WORL-NVRM release weights)",
+) -> Path:
+    """Write a random-weight bundle in the release layout and return its path."""
+    from safetensors.torch import save_file
+
+    bundle = Path(out_dir)
+    bundle.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.vocab_target)
+    processor = build_processor(tokenizer)
+    processor.save_pretrained(str(bundle))
+    config = build_config(spec, tokenizer)
+    config.save_pretrained(str(bundle))
+
+    state = random_state_dict(config, spec)
+    if key_layout == "prefixed":  # as saved from Qwen3VLForConditionalGeneration
+        state = {f"model.{k}": v for k, v in state.items()}
+        state["lm_head.weight"] = _seeded_normal("lm_head.weight", (config.text_config.vocab_size, spec.hidden_size), spec.seed, 0.02).to(torch.bfloat16)
+    write_backbone(bundle, state, shards)
+
+    head = {"rm_head.weight": _seeded_normal("rm_head.weight", (1, spec.hidden_size), spec.seed, 1.0 / spec.hidden_size**0.5)}
+    if head_bias:
+        head["rm_head.bias"] = _seeded_normal("rm_head.bias", (1,), spec.seed, 0.5)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in head.items()}, str(bundle / "nvrm_head.safetensors"))
+
+    if contract_overrides:
+        (bundle / "nvrm_contract.json").write_text(json.dumps(contract_overrides, indent=2, sort_keys=True) + "\n")
+    (bundle / "README.md").write_text(f"# {label}\n\nspec: {json.dumps(asdict(spec), sort_keys=True)}\n")
+    if manifest:
+        write_manifest(bundle, manifest, manifest_style, revision)
+    return bundle

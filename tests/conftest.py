@@ -1,0 +1,54 @@
+"""Shared fixtures: hermetic caches, tiny release-layout bundles, generated clips."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Hermetic: no Hub access, no writes to the user's caches.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("nvrm-cache")
+    old = os.environ.get("NVRM_CACHE_DIR")
+    os.environ["NVRM_CACHE_DIR"] = str(cache)
+    os.environ["HF_HOME"] = str(cache / "hf")
+    yield cache
+    if old is None:
+        os.environ.pop("NVRM_CACHE_DIR", None)
+    else:
+        os.environ["NVRM_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory) -> Path:
+    from nvrm.testing.bundle import build_tiny_bundle
+
+    return build_tiny_bundle(tmp_path_factory.mktemp("bundle") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def model(tiny_bundle):
+    from nvrm import RewardModel
+
+    return RewardModel.from_pretrained(tiny_bundle, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    """A few small encoded clips: 6 s contexts/candidates at 8 fps."""
+    from nvrm.testing.clips import moving_square, write_video
+
+    d = tmp_path_factory.mktemp("clips")
+    out = {
+        "context": write_video(d / "context.mp4", moving_square(48, 96, 128, seed=1), 8),
+        "cand_a": write_video(d / "cand_a.mp4", moving_square(48, 96, 128, seed=2), 8),
+        "cand_b": write_video(d / "cand_b.mp4", moving_square(48, 96, 128, seed=3, speed=7), 8),
+        "short": write_video(d / "short.mp4", moving_square(32, 96, 128, seed=4), 8),  # 4.0 s
+    }
+    return out
