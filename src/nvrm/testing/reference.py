@@ -1,0 +1,122 @@
+"""A deliberately plain reference implementation of the release contract.
+
+It shares no code with the runtime's preprocessing: it decodes every frame,
+picks frames with ``argmin``, resizes/JPEG-encodes with Pillow directly, calls
+``qwen_vl_utils.fetch_image`` and the bundle's ``AutoProcessor``, and runs a
+``Qwen3VLModel`` loaded by transformers' own ``from_pretrained``. Parity tests
+compare the runtime against it, and ``nvrm bench`` uses it as the naive path.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import av
+import numpy as np
+import torch
+from PIL import Image
+from qwen_vl_utils import fetch_image
+from safetensors.torch import load_file
+
+from ..contract import Contract
+
+
+def decode_all(path: str | Path) -> tuple[list[float], list[Image.Image], float | None]:
+    """Every frame of the first video stream: (times from first frame, RGB images, nominal interval)."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate
+        frames = [(float(f.pts * f.time_base), f.to_image()) for f in container.decode(stream)]
+    t0 = frames[0][0]
+    return [t - t0 for t, _ in frames], [im for _, im in frames], (1.0 / float(rate) if rate else None)
+
+
+def sample(times: list[float], nominal: float | None, role: str, contract: Contract) -> list[int]:
+    n = len(times)
+    interval = (times[-1] - times[0]) / (n - 1) if n > 1 else (nominal or 0.0)
+    duration = times[-1] + interval
+    if role == "candidate":
+        if duration + interval / 2 < contract.candidate_seconds - 1e-9:
+            raise ValueError(f"candidate too short: {duration}")
+        ticks = [k / contract.sample_fps for k in range(contract.candidate_frames)]
+    else:
+        ticks = []
+        k = 0
+        while k == 0 or k / contract.sample_fps < duration - 1e-9:
+            ticks.append(k / contract.sample_fps)
+            k += 1
+        if contract.max_context_frames:
+            ticks = ticks[-contract.max_context_frames :]
+    t = np.asarray(times)
+    out = []
+    for tick in ticks:  # first frame within float noise of the minimum distance = the earlier on a tie
+        d = np.abs(t - tick)
+        out.append(int(np.flatnonzero(d <= d.min() + 1e-9)[0]))
+    return out
+
+
+def contract_image(image: Image.Image, contract: Contract) -> Image.Image:
+    w, h = image.size
+    image = image.convert("RGB").resize((round(w * contract.resize_height / h), contract.resize_height), Image.BICUBIC)
+    buf = io.BytesIO()
+    image.save(buf, format="JPEG", quality=contract.jpeg_quality)
+    image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    return fetch_image(
+        {"image": image, "min_pixels": contract.min_pixels, "max_pixels": contract.max_pixels},
+        image_patch_size=contract.patch_size,
+    )
+
+
+def reference_images(path: str | Path, role: str, contract: Contract) -> tuple[list[Image.Image], list[float]]:
+    times, images, nominal = decode_all(path)
+    idx = sample(times, nominal, role, contract)
+    return [contract_image(images[i], contract) for i in idx], [times[i] for i in idx]
+
+
+class ReferenceScorer:
+    """transformers' own loader + processor + a plain forward, one item at a time."""
+
+    def __init__(self, bundle: str | Path, contract: Contract | None = None, device: str = "cpu"):
+        from transformers import AutoProcessor, Qwen3VLModel
+
+        self.contract = contract or Contract.for_bundle(bundle)
+        self.processor = AutoProcessor.from_pretrained(str(bundle))
+        self.model = Qwen3VLModel.from_pretrained(str(bundle), dtype=torch.bfloat16).to(device).eval()
+        head = load_file(str(Path(bundle) / "nvrm_head.safetensors"))
+        self.weight = head["rm_head.weight"].to(device, torch.bfloat16)
+        self.bias = head.get("rm_head.bias")
+        if self.bias is not None:
+            self.bias = self.bias.to(device, torch.bfloat16)
+        self.device = device
+
+    def inputs(self, prompt: str, context: list[Image.Image], candidate: list[Image.Image]):
+        c = self.contract
+        content = [{"type": "text", "text": c.context_header.replace("{prompt}", prompt)}]
+        content += [{"type": "image", "image": im} for im in context]
+        content += [{"type": "text", "text": c.candidate_header}]
+        content += [{"type": "image", "image": im} for im in candidate]
+        text = self.processor.apply_chat_template(
+            [{"role": "user", "content": content}],
+            tokenize=False,
+            add_generation_prompt=c.add_generation_prompt,
+            enable_thinking=c.enable_thinking,
+        )
+        return self.processor(
+            text=[text],
+            images=context + candidate,
+            return_tensors="pt",
+            images_kwargs={"min_pixels": c.min_pixels, "max_pixels": c.max_pixels},
+        )
+
+    @torch.inference_mode()
+    def reward(self, inputs) -> float:
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        out = self.model(**inputs)
+        last = out.last_hidden_state[0, -1:]
+        return float(torch.nn.functional.linear(last, self.weight, self.bias)[0].float())
+
+    def score_files(self, prompt: str, context: str | Path, candidate: str | Path) -> float:
+        ctx, _ = reference_images(context, "context", self.contract)
+        cand, _ = reference_images(candidate, "candidate", self.contract)
+        return self.reward(self.inputs(prompt, ctx, cand))

@@ -1,0 +1,87 @@
+"""The nvrm command as a user runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from nvrm.cli.main import main
+
+NVRM = Path(sys.executable).parent / "nvrm"
+
+
+def test_score_json(tiny_bundle, clips, capsys, model):
+    rc = main(["score", "--model", str(tiny_bundle), "--prompt", "Ein Hund läuft", "--context", str(clips["context"]), "--candidate", str(clips["cand_a"]), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reward"] == model.score("Ein Hund läuft", clips["context"], clips["cand_a"]).reward
+    assert out["contract"] == model.contract.fingerprint and out["model_revision"] == "tiny-test-0001"
+    assert out["candidate_times"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    "which,needle",
+    [("short", "the contract needs 5.00 s"), ("missing", "file not found"), ("text", "not a readable video")],
+)
+def test_bad_input_is_one_line_no_traceback(tiny_bundle, clips, tmp_path, which, needle):
+    bad = {"short": clips["short"], "missing": tmp_path / "nope.mp4", "text": tmp_path / "x.mp4"}[which]
+    if which == "text":
+        bad.write_text("hello")
+    proc = subprocess.run(
+        [str(NVRM), "score", "--model", str(tiny_bundle), "--prompt", "p", "--context", str(clips["context"]), "--candidate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"nvrm: error: candidate {bad}") and needle in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_verify_ok_then_tampered(tiny_bundle, tmp_path, capsys):
+    import shutil
+
+    assert main(["verify", str(tiny_bundle)]) == 0
+    assert "OK" in capsys.readouterr().out
+    b = tmp_path / "b"
+    shutil.copytree(tiny_bundle, b)
+    with open(b / "nvrm_head.safetensors", "ab") as f:
+        f.write(b"\0")
+    assert main(["verify", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nvrm: error:") and "nvrm_head.safetensors is" in err
+    assert main(["verify", str(tmp_path / "missing")]) == 2
+
+
+def test_frames_writes_exactly_what_the_model_sees(clips, tmp_path, model):
+    out = tmp_path / "frames"
+    assert main(["frames", "--context", str(clips["context"]), "--candidate", str(clips["cand_a"]), "--out", str(out)]) == 0
+    listing = json.loads((out / "frames.json").read_text())
+    prepared = model.prepare("p", clips["context"], clips["cand_a"])
+    expected = list(prepared.context.images) + list(prepared.candidate.images)
+    assert len(listing["frames"]) == len(expected)
+    for entry, image in zip(listing["frames"], expected):
+        assert np.array_equal(np.asarray(Image.open(out / entry["file"]).convert("RGB")), np.asarray(image))
+    assert listing["contract"] == model.contract.fingerprint
+
+
+def test_download_offline_fails_fast_with_one_line(tmp_path, capsys):
+    rc = main(["download", "--revision", "0123456789abcdef0123456789abcdef01234567", "--local-dir", str(tmp_path / "d")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nvrm: error: cannot download Efficient-Large-Model/WORL-NVRM@0123456789") and "\n" not in err
+
+
+def test_demo_runs_on_embedded_bundle(capsys):
+    assert main(["demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["demo_weights"] is True
+    assert sorted(r["candidate"] for r in out["results"]) == ["frozen", "reversed", "smooth", "teleport"]
+    assert sorted(r["rank"] for r in out["results"]) == [1, 2, 3, 4]
+    assert all(np.isfinite(r["reward"]) for r in out["results"])

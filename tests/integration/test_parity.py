@@ -1,0 +1,85 @@
+"""The runtime equals a plain reference implementation of the contract, exactly."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nvrm import Clip
+from nvrm.testing.clips import moving_square, write_video
+from nvrm.testing.reference import ReferenceScorer, reference_images
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_bundle):
+    return ReferenceScorer(tiny_bundle)
+
+
+def bf16_ulp(x: float) -> float:
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0**-133
+
+
+@pytest.mark.parametrize("prompt", ["A person walks down the street.", "Ein Hund läuft — 街道上的行人 🚶"])
+def test_tensors_and_reward_match_reference(model, reference, clips, prompt):
+    prepared = model.prepare(prompt, clips["context"], clips["cand_a"])
+    ctx, ctx_times = reference_images(clips["context"], "context", model.contract)
+    cand, cand_times = reference_images(clips["cand_a"], "candidate", model.contract)
+    ref_inputs = reference.inputs(prompt, ctx, cand)
+
+    assert prepared.context.times == tuple(ctx_times)
+    assert prepared.candidate.times == tuple(cand_times) == (0.0, 1.0, 2.0, 3.0, 4.0)
+    assert torch.equal(prepared.encoded.input_ids, ref_inputs["input_ids"][0])
+    assert torch.equal(prepared.encoded.image_grid_thw, ref_inputs["image_grid_thw"])
+    assert torch.equal(prepared.encoded.pixel_values, ref_inputs["pixel_values"])
+
+    ours = model.score(prompt, clips["context"], clips["cand_a"]).reward
+    assert ours == reference.reward(ref_inputs)
+
+
+def test_processor_gets_contract_pixel_bounds(model):
+    """The bundle's processor defaults (shortest_edge 65,536) would resize a second time."""
+    from PIL import Image
+
+    assert model.processor.image_processor.size["shortest_edge"] == 65536  # the release-style trap is present
+    from nvrm.prompt import encode
+
+    frames = [Image.fromarray(np.full((64, 864, 3), 128, np.uint8))] * 5  # already contract-sized
+    enc = encode(model.processor, "p", frames[:1], frames, model.contract)
+    assert enc.image_grid_thw[0].tolist() == [1, 4, 54]
+    default = model.processor(text=["<|image_pad|>"], images=frames[:1], return_tensors="pt")
+    assert default["image_grid_thw"][0].tolist() == [1, 6, 60]
+
+
+def test_batch_equals_single_within_two_bf16_ulps(model):
+    items = []
+    for i, (t_ctx, size) in enumerate([(3, (64, 80)), (9, (96, 128)), (1, (48, 200)), (6, (120, 90))]):
+        ctx = Clip(moving_square(t_ctx * 4, *size, seed=10 + i), fps=4)
+        cand = Clip(moving_square(24, *size, seed=20 + i, speed=5), fps=4)
+        items.append((f"prompt {i}", ctx, cand))
+    single = [model.score(*it).reward for it in items]
+    batched = [r.reward for r in model.score_batch(items)]
+    lengths = {r.num_tokens for r in model.score_batch(items)}
+    assert len(lengths) > 1  # padding is really exercised
+    for s, b in zip(single, batched):
+        assert abs(s - b) <= 2 * bf16_ulp(s)
+
+
+def test_position_ids_are_explicit_no_cached_rope_deltas(model, clips):
+    model.backbone.rope_deltas = None
+    model.score("p", clips["context"], clips["cand_a"])
+    assert model.backbone.rope_deltas is None
+
+
+def test_different_candidates_get_different_rewards(model, clips):
+    a = model.score("p", clips["context"], clips["cand_a"]).reward
+    b = model.score("p", clips["context"], clips["cand_b"]).reward
+    assert a != b
+
+
+def test_clip_and_encoded_file_agree_for_lossless_video(model, tmp_path):
+    """A world model's in-memory frames give the same reward as the same frames in a lossless file."""
+    frames = moving_square(48, 96, 128, seed=5)
+    path = write_video(tmp_path / "lossless.mkv", frames, 8, codec="ffv1", pix_fmt="bgr0")
+    ctx = Clip(moving_square(16, 96, 128, seed=6), fps=8)
+    assert model.score("p", ctx, Clip(frames, fps=8)).reward == model.score("p", ctx, path).reward
