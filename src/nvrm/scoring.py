@@ -21,7 +21,9 @@ from .batching import plan_batches
 from .bundle import load_backbone, load_head, load_processor, read_config, resolve_bundle, verify_bundle
 from .contract import Contract
 from .errors import InputError, NvrmError
+from .group import encode_group, forward_group
 from .inputs import PreparedVideo, VideoInput, prepare_input
+from .pipeline import PrepPool
 from .model import DTYPES, RewardHead, collate, forward_rewards
 from .prompt import Encoded, encode
 
@@ -128,6 +130,7 @@ class RewardModel:
         revision: str | None = None,
         path: Path | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        workers: int | None = None,
     ):
         self.backbone = backbone
         self.head = head
@@ -137,6 +140,7 @@ class RewardModel:
         self.revision = revision
         self.path = path
         self.max_batch_tokens = max_batch_tokens
+        self.pool = PrepPool(workers)
         self.pad_id = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else 0
 
     # ------------------------------------------------------------ construction
@@ -153,6 +157,7 @@ class RewardModel:
         contract: Contract | None = None,
         attn_implementation: str | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        workers: int | None = None,
     ) -> "RewardModel":
         """Load a bundle directory (or Hub repo id at ``revision``), verifying it by default."""
         path = resolve_bundle(path_or_repo, revision)
@@ -177,18 +182,24 @@ class RewardModel:
             revision=model_revision or revision,
             path=path,
             max_batch_tokens=max_batch_tokens,
+            workers=workers,
         )
 
     # ------------------------------------------------------------ preprocessing
 
     def prepare(self, prompt: str, context: VideoInput, candidate: VideoInput) -> Prepared:
         """Apply the contract to one item: sample, transform and encode its frames."""
+        return self._encode(prompt, self._frames(prompt, context, candidate))
+
+    def _frames(self, prompt: str, context: VideoInput, candidate: VideoInput) -> tuple[PreparedVideo, PreparedVideo]:
+        """The thread-safe part of ``prepare``: decoding and the per-frame contract."""
         if not isinstance(prompt, str):
             raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
-        ctx = prepare_input(context, "context", self.contract)
-        cand = prepare_input(candidate, "candidate", self.contract)
-        encoded = encode(self.processor, prompt, ctx.images, cand.images, self.contract)
-        return Prepared(ctx, cand, encoded)
+        return prepare_input(context, "context", self.contract), prepare_input(candidate, "candidate", self.contract)
+
+    def _encode(self, prompt: str, frames: tuple[PreparedVideo, PreparedVideo]) -> Prepared:
+        ctx, cand = frames
+        return Prepared(ctx, cand, encode(self.processor, prompt, ctx.images, cand.images, self.contract))
 
     # ------------------------------------------------------------ scoring
 
@@ -239,29 +250,105 @@ class RewardModel:
         With ``errors="return"`` a bad item yields its error in its slot and the
         rest are still scored; with ``"raise"`` the first bad item raises.
         """
-        out: list[Any] = []
-        good: list[tuple[int, Prepared]] = []
+        items = list(items)
+        parsed: list[Any] = []
         for i, raw in enumerate(items):
             try:
-                item = _as_item(raw, i)
-                good.append((len(out), self.prepare(item.prompt, item.context, item.candidate)))
+                parsed.append(_as_item(raw, i))
+            except NvrmError as e:
+                if errors == "raise":
+                    raise
+                parsed.append(e)
+        # Decoding runs ahead in the pool while earlier windows are on the model.
+        futures = self.pool.map_ordered(
+            lambda it: it if isinstance(it, NvrmError) else self._frames(it.prompt, it.context, it.candidate), parsed
+        )
+        out: list[Any] = [None] * len(items)
+        window = max(8, 4 * max(1, self.pool.workers))
+        for start in range(0, len(items), window):
+            good: list[tuple[int, Prepared]] = []
+            for i in range(start, min(start + window, len(items))):
+                try:
+                    frames = futures[i].result()
+                    if isinstance(frames, NvrmError):
+                        raise frames
+                    good.append((i, self._encode(parsed[i].prompt, frames)))
+                except NvrmError as e:
+                    if errors == "raise":
+                        for f in futures[i:]:
+                            f.cancel()
+                        raise
+                    out[i] = e
+            for (slot, _), result in zip(good, self.score_prepared([p for _, p in good])):
+                out[slot] = result
+        return out
+
+    def score_group(
+        self,
+        prompt: str,
+        context: VideoInput,
+        candidates: Sequence[VideoInput],
+        *,
+        errors: Literal["raise", "return"] = "raise",
+    ) -> list[ScoreResult | NvrmError]:
+        """Rewards for G candidates sharing one prompt and context (GRPO groups).
+
+        The context is preprocessed, encoded by the vision tower and prefilled
+        through the language model once; the candidates then run as one batch
+        against that cached prefix. Equal to ``score`` per candidate up to
+        floating-point reduction order. A bad context raises; a bad candidate
+        raises or, with ``errors="return"``, yields its error in its slot.
+        """
+        if not isinstance(prompt, str):
+            raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
+        futures = self.pool.map_ordered(lambda c: prepare_input(c, "candidate", self.contract), list(candidates))
+        try:
+            ctx = prepare_input(context, "context", self.contract)
+        except NvrmError:
+            for f in futures:
+                f.cancel()
+            raise
+        out: list[Any] = []
+        good: list[tuple[int, PreparedVideo]] = []
+        for f in futures:
+            try:
+                good.append((len(out), f.result()))
                 out.append(None)
             except NvrmError as e:
                 if errors == "raise":
                     raise
                 out.append(e)
-        for (slot, _), result in zip(good, self.score_prepared([p for _, p in good])):
-            out[slot] = result
+        if not good:
+            return out
+        enc = encode_group(self.processor, prompt, ctx.images, [p.images for _, p in good], self.contract)
+        rewards = forward_group(
+            self.backbone,
+            self.head,
+            enc,
+            pad_id=self.pad_id,
+            device=self.device,
+            max_batch_tokens=self.max_batch_tokens,
+            normalize_hidden=self.contract.normalize_hidden,
+        )
+        for (slot, cand), seq, reward in zip(good, enc.ids, rewards):
+            out[slot] = ScoreResult(
+                reward=reward,
+                context_times=ctx.times,
+                candidate_times=cand.times,
+                num_tokens=int(seq.shape[0]),
+                contract=self.contract.fingerprint,
+                model_revision=self.revision,
+            )
         return out
 
     def compare(self, prompt: str, context: VideoInput, a: VideoInput, b: VideoInput) -> float:
         """P(a preferred over b) under the Bradley-Terry model: sigmoid(r_a - r_b)."""
-        ra, rb = self.score_batch([(prompt, context, a), (prompt, context, b)])
+        ra, rb = self.score_group(prompt, context, [a, b])
         return bt_probability(ra.reward, rb.reward)  # type: ignore[union-attr]
 
     def rank(self, prompt: str, context: VideoInput, candidates: Sequence[VideoInput]) -> list[RankEntry]:
         """Candidates sorted best first (ties keep input order)."""
-        results = self.score_batch([(prompt, context, c) for c in candidates])
+        results = self.score_group(prompt, context, candidates)
         order = sorted(range(len(results)), key=lambda i: -results[i].reward)  # type: ignore[union-attr]
         return [RankEntry(i, r + 1, results[i]) for r, i in enumerate(order)]  # type: ignore[arg-type]
 

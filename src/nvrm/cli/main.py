@@ -13,7 +13,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import commands, demo
+from . import bench, commands, demo
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -22,6 +22,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("verify", "check a bundle against its manifest", commands.add_verify_args, commands.run_verify),
     ("download", "download a bundle from the Hugging Face Hub", commands.add_download_args, commands.run_download),
     ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
+    ("bench", "benchmark naive vs batch vs group scoring", bench.add_args, bench.run),
 ]
 
 

@@ -108,6 +108,24 @@ MID_SPEC = TinySpec(
 )
 """A mid-size random bundle for CPU benchmarks (a few tens of MB)."""
 
+QWEN3_VL_4B_SPEC = TinySpec(
+    hidden_size=2560,
+    num_layers=36,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=9728,
+    mrope_section=(24, 20, 20),
+    vision_depth=24,
+    vision_hidden=1024,
+    vision_heads=16,
+    vision_intermediate=4096,
+    deepstack_indexes=(5, 11, 17),
+    num_position_embeddings=2304,
+    weight_std=0.02,
+)
+"""The Qwen3-VL-4B architecture (random weights; tiny vocabulary) for GPU benchmarks."""
+
 
 def build_tokenizer(vocab_target: int = 512):
     """A small byte-level BPE tokenizer with Qwen's special tokens."""

@@ -1,0 +1,86 @@
+"""score_group (shared-prefix KV reuse) equals scoring each candidate alone."""
+
+import math
+
+import pytest
+import torch
+
+from nvrm import Clip, Contract, ContractError, InputError, RewardModel
+from nvrm.group import encode_group
+from nvrm.inputs import prepare_input
+from nvrm.testing.clips import moving_square
+
+CTX = Clip(moving_square(40, 96, 128, seed=1), fps=4)
+SIZES = [(96, 128), (64, 80), (120, 90), (96, 128), (200, 48), (144, 176)]
+CANDS = [Clip(moving_square(24, *sz, seed=10 + i, speed=1 + i), fps=4) for i, sz in enumerate(SIZES)]
+
+
+def bf16_ulp(x: float) -> float:
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
+
+
+@pytest.fixture(scope="module")
+def model32(tiny_bundle):
+    return RewardModel.from_pretrained(tiny_bundle, device="cpu", dtype=torch.float32, contract=Contract(head_dtype="float32"))
+
+
+def test_group_inputs_equal_per_item_inputs(model):
+    ctx = prepare_input(CTX, "context", model.contract)
+    cands = [prepare_input(c, "candidate", model.contract) for c in CANDS]
+    enc = encode_group(model.processor, "p", ctx.images, [c.images for c in cands], model.contract)
+    assert len({len(s) for s in enc.ids}) > 1  # different resolutions -> different suffix lengths
+    for i, c in enumerate(CANDS):
+        ref = model.prepare("p", CTX, c).encoded
+        assert torch.equal(enc.ids[i], ref.input_ids)
+        assert torch.equal(torch.cat([enc.context_pixels, enc.candidate_pixels[i]]), ref.pixel_values)
+        assert torch.equal(torch.cat([enc.context_grid, enc.candidate_grids[i]]), ref.image_grid_thw)
+    assert 0 < enc.prefix_len < min(len(s) for s in enc.ids)
+
+
+def test_group_equals_single_within_two_bf16_ulps(model):
+    group = model.score_group("A prompt", CTX, CANDS)
+    for c, g in zip(CANDS, group):
+        s = model.score("A prompt", CTX, c)
+        assert abs(s.reward - g.reward) <= 2 * bf16_ulp(s.reward)
+        assert (s.num_tokens, s.candidate_times, s.context_times) == (g.num_tokens, g.candidate_times, g.context_times)
+
+
+def test_group_equals_single_in_float32(model32):
+    single = [model32.score("A prompt", CTX, c).reward for c in CANDS]
+    group = [r.reward for r in model32.score_group("A prompt", CTX, CANDS)]
+    assert max(single) - min(single) > 1e-3  # the candidates really differ
+    assert group == pytest.approx(single, abs=1e-4)
+
+
+def test_chunked_suffix_batches_equal_one_batch(model32):
+    whole = [r.reward for r in model32.score_group("p", CTX, CANDS)]
+    old = model32.max_batch_tokens
+    model32.max_batch_tokens = 1200  # forces one candidate per chunk
+    try:
+        chunked = [r.reward for r in model32.score_group("p", CTX, CANDS)]
+    finally:
+        model32.max_batch_tokens = old
+    assert chunked == pytest.approx(whole, abs=1e-5)
+
+
+def test_single_candidate_group_and_compare_rank(model):
+    [one] = model.score_group("p", CTX, CANDS[:1])
+    assert abs(one.reward - model.score("p", CTX, CANDS[0]).reward) <= 2 * bf16_ulp(one.reward)
+    ranking = model.rank("p", CTX, CANDS)
+    assert sorted(e.index for e in ranking) == list(range(len(CANDS)))
+    assert [e.rank for e in ranking] == list(range(1, len(CANDS) + 1))
+    assert all(a.reward >= b.reward for a, b in zip(ranking, ranking[1:]))
+    p = model.compare("p", CTX, CANDS[0], CANDS[1])
+    ra, rb = (model.score("p", CTX, c).reward for c in CANDS[:2])
+    assert p == pytest.approx(1 / (1 + math.exp(-(ra - rb))), abs=0.01)
+
+
+def test_bad_candidate_in_group(model):
+    short = Clip(moving_square(12, 96, 128), fps=4)  # 3 s
+    out = model.score_group("p", CTX, [CANDS[0], short, CANDS[1]], errors="return")
+    assert isinstance(out[1], ContractError) and "3.00 s" in str(out[1])
+    assert abs(out[0].reward - model.score("p", CTX, CANDS[0]).reward) <= 2 * bf16_ulp(out[0].reward)
+    with pytest.raises(ContractError):
+        model.score_group("p", CTX, [CANDS[0], short])
+    with pytest.raises(InputError, match="context"):
+        model.score_group("p", "/nonexistent.mp4", CANDS[:2], errors="return")

@@ -1,0 +1,33 @@
+import threading
+
+import pytest
+
+from nvrm.pipeline import PrepPool, default_workers
+
+
+def test_default_workers_bounded():
+    assert 1 <= default_workers() <= 16
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_results_in_order_and_errors_delivered(workers):
+    pool = PrepPool(workers)
+
+    def job(x):
+        if x == 3:
+            raise ValueError("bad 3")
+        return x * x
+
+    futures = pool.map_ordered(job, range(6))
+    assert [f.result() for i, f in enumerate(futures) if i != 3] == [0, 1, 4, 16, 25]
+    with pytest.raises(ValueError, match="bad 3"):
+        futures[3].result()
+    pool.close()
+
+
+def test_jobs_run_off_the_calling_thread():
+    pool = PrepPool(2)
+    caller = threading.get_ident()
+    idents = [f.result() for f in pool.map_ordered(lambda _: threading.get_ident(), range(4))]
+    assert caller not in idents
+    pool.close()
