@@ -75,13 +75,21 @@ def position_ids(backbone, batch: Batch) -> torch.Tensor:
     return pos
 
 
-def forward_rewards(backbone, head: RewardHead, batch: Batch, *, normalize_hidden: bool = False) -> torch.Tensor:
-    """Raw rewards [B] (head dtype, usually bfloat16) at each item's last real token."""
+def forward_rewards(
+    backbone, head: RewardHead, batch: Batch, *, positions: torch.Tensor | None = None, normalize_hidden: bool = False
+) -> torch.Tensor:
+    """Raw rewards [B] (head dtype, usually bfloat16) at each item's last real token.
+
+    ``positions`` ([3, B, L]) may be precomputed on the CPU batch: get_rope_index
+    walks tokens in Python and would force device syncs on GPU tensors.
+    """
     pixel_values = batch.pixel_values.to(backbone.visual.dtype)
+    if positions is None:
+        positions = position_ids(backbone, batch)
     out = backbone(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
-        position_ids=position_ids(backbone, batch),
+        position_ids=positions.to(batch.input_ids.device),
         pixel_values=pixel_values,
         image_grid_thw=batch.image_grid_thw,
         use_cache=False,

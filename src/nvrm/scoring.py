@@ -24,7 +24,7 @@ from .errors import InputError, NvrmError
 from .group import encode_group, forward_group
 from .inputs import PreparedVideo, VideoInput, prepare_input
 from .pipeline import PrepPool
-from .model import DTYPES, RewardHead, collate, forward_rewards
+from .model import DTYPES, RewardHead, collate, forward_rewards, position_ids
 from .prompt import Encoded, encode
 
 log = logging.getLogger(__name__)
@@ -216,9 +216,13 @@ class RewardModel:
     @torch.inference_mode()
     def _forward(self, encoded: Sequence[Encoded]) -> list[float]:
         """Rewards for already-encoded items, split in half on CUDA out-of-memory."""
-        batch = collate(encoded, self.pad_id).to(self.device, non_blocking=True)
+        cpu_batch = collate(encoded, self.pad_id)
+        positions = position_ids(self.backbone, cpu_batch)
+        batch = cpu_batch.to(self.device, non_blocking=True)
         try:
-            rewards = forward_rewards(self.backbone, self.head, batch, normalize_hidden=self.contract.normalize_hidden)
+            rewards = forward_rewards(
+                self.backbone, self.head, batch, positions=positions, normalize_hidden=self.contract.normalize_hidden
+            )
         except torch.OutOfMemoryError:
             if len(encoded) == 1:
                 raise

@@ -20,6 +20,7 @@ FORMATS = {
     "60fps": (dict(height=144, width=176), 60, 6, dict(), ".mp4"),
     "tiny_qcif": (dict(height=144, width=176), 8, 6, dict(), ".mp4"),
     "4k": (dict(height=2160, width=3840), 2, 6, dict(), ".mp4"),
+    "h264_bframes": (dict(height=96, width=128), 8, 6, dict(options={"bframes": "3", "preset": "medium"}), ".mp4"),
     "vp9_webm": (dict(height=96, width=128), 8, 6, dict(codec="libvpx-vp9"), ".webm"),
 }
 
