@@ -94,6 +94,15 @@ def read_manifest(bundle: Path) -> Manifest | None:
     return Manifest(name, tuple(entries), str(revision) if revision else None)
 
 
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 class DigestCache:
     """sha256 digests keyed by (absolute path, size, mtime), so an unchanged
     9 GB bundle is hashed once, not on every load."""
@@ -116,11 +125,7 @@ class DigestCache:
         if key in self._data:
             self.hits += 1
             return self._data[key]
-        h = hashlib.sha256()
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        self._data[key] = h.hexdigest()
+        self._data[key] = sha256_file(file)
         return self._data[key]
 
     def save(self) -> None:

@@ -13,7 +13,6 @@ spec and seed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+
+from ..bundle import sha256_file
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -256,14 +257,6 @@ def random_state_dict(config, spec: TinySpec) -> dict[str, torch.Tensor]:
             t = _seeded_normal(name, shape, spec.seed, spec.weight_std)
         out[name] = t.to(torch.bfloat16).contiguous()
     return out
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(
