@@ -1,9 +1,10 @@
-"""A worker pool for the CPU side: decoding and the per-frame contract.
+"""A worker pool for the CPU side: decoding, the per-frame contract and encoding.
 
-PyAV decoding and Pillow's resize / JPEG codec release the GIL, so plain
-threads run them in parallel and alongside the model's forward passes (torch
-also releases the GIL). Tokenisation and patch normalisation stay on the
-calling thread: the fast tokenizer is not safe to share across threads.
+PyAV decoding, Pillow's resize / JPEG codec and torch's patch normalisation
+release the GIL, so plain threads run them in parallel and alongside the
+model's forward passes. The fast tokenizer is not safe to share across
+threads, so every worker tokenises with its own processor copy
+(``RewardModel._processor``).
 """
 
 from __future__ import annotations

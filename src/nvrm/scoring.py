@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union
@@ -141,6 +143,12 @@ class RewardModel:
         self.path = path
         self.max_batch_tokens = max_batch_tokens
         self.pool = PrepPool(workers)
+        # Each thread tokenises and normalises with its own processor copy (the
+        # fast tokenizer must not be shared across threads); the template is
+        # only ever read, under the lock, to make those copies.
+        self._template = copy.deepcopy(processor)
+        self._template_lock = threading.Lock()
+        self._local = threading.local()
         self.pad_id = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else 0
 
     # ------------------------------------------------------------ construction
@@ -158,8 +166,14 @@ class RewardModel:
         attn_implementation: str | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         workers: int | None = None,
+        compile: bool | str = False,
     ) -> "RewardModel":
-        """Load a bundle directory (or Hub repo id at ``revision``), verifying it by default."""
+        """Load a bundle directory (or Hub repo id at ``revision``), verifying it by default.
+
+        ``compile=True`` wraps the language model in ``torch.compile`` (dynamic
+        shapes); a string picks the compile mode (e.g. ``"max-autotune"``). The
+        first calls at new shapes pay the compilation time.
+        """
         path = resolve_bundle(path_or_repo, revision)
         report = verify_bundle(path) if verify else None
         config = read_config(path)
@@ -173,6 +187,9 @@ class RewardModel:
         model_revision = report.revision if report else _manifest_revision(path)
         backbone.to(device)
         head.to(device)
+        if compile:
+            mode = compile if isinstance(compile, str) else None
+            backbone.language_model.compile(dynamic=True, mode=mode)
         return cls(
             backbone,
             head,
@@ -197,9 +214,27 @@ class RewardModel:
             raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
         return prepare_input(context, "context", self.contract), prepare_input(candidate, "candidate", self.contract)
 
+    def _processor(self):
+        """This thread's own copy of the processor."""
+        proc = getattr(self._local, "processor", None)
+        if proc is None:
+            with self._template_lock:
+                proc = copy.deepcopy(self._template)
+            self._local.processor = proc
+        return proc
+
     def _encode(self, prompt: str, frames: tuple[PreparedVideo, PreparedVideo]) -> Prepared:
         ctx, cand = frames
-        return Prepared(ctx, cand, encode(self.processor, prompt, ctx.images, cand.images, self.contract))
+        return Prepared(ctx, cand, encode(self._processor(), prompt, ctx.images, cand.images, self.contract))
+
+    def _prepare_item(self, item: "ScoreItem | NvrmError") -> "Prepared | NvrmError":
+        """Pool job: the whole contract for one item, errors returned in place."""
+        if isinstance(item, NvrmError):
+            return item
+        try:
+            return self.prepare(item.prompt, item.context, item.candidate)
+        except NvrmError as e:
+            return e
 
     # ------------------------------------------------------------ scoring
 
@@ -263,26 +298,23 @@ class RewardModel:
                 if errors == "raise":
                     raise
                 parsed.append(e)
-        # Decoding runs ahead in the pool while earlier windows are on the model.
-        futures = self.pool.map_ordered(
-            lambda it: it if isinstance(it, NvrmError) else self._frames(it.prompt, it.context, it.candidate), parsed
-        )
+        # The whole contract (decode, per-frame work, tokenise, normalise) runs
+        # ahead in the pool while earlier windows are on the model.
+        futures = self.pool.map_ordered(self._prepare_item, parsed)
         out: list[Any] = [None] * len(items)
         window = max(8, 4 * max(1, self.pool.workers))
         for start in range(0, len(items), window):
             good: list[tuple[int, Prepared]] = []
             for i in range(start, min(start + window, len(items))):
-                try:
-                    frames = futures[i].result()
-                    if isinstance(frames, NvrmError):
-                        raise frames
-                    good.append((i, self._encode(parsed[i].prompt, frames)))
-                except NvrmError as e:
+                prepared = futures[i].result()
+                if isinstance(prepared, NvrmError):
                     if errors == "raise":
                         for f in futures[i:]:
                             f.cancel()
-                        raise
-                    out[i] = e
+                        raise prepared
+                    out[i] = prepared
+                else:
+                    good.append((i, prepared))
             for (slot, _), result in zip(good, self.score_prepared([p for _, p in good])):
                 out[slot] = result
         return out
@@ -324,7 +356,7 @@ class RewardModel:
                 out.append(e)
         if not good:
             return out
-        enc = encode_group(self.processor, prompt, ctx.images, [p.images for _, p in good], self.contract)
+        enc = encode_group(self._processor(), prompt, ctx.images, [p.images for _, p in good], self.contract)
         rewards = forward_group(
             self.backbone,
             self.head,

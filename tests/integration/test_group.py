@@ -84,3 +84,14 @@ def test_bad_candidate_in_group(model):
         model.score_group("p", CTX, [CANDS[0], short])
     with pytest.raises(InputError, match="context"):
         model.score_group("p", "/nonexistent.mp4", CANDS[:2], errors="return")
+
+
+def test_compiled_model_scores_like_eager(tiny_bundle, model32):
+    compiled = RewardModel.from_pretrained(
+        tiny_bundle, device="cpu", dtype=torch.float32, contract=Contract(head_dtype="float32"), compile=True
+    )
+    assert compiled.backbone.language_model._compiled_call_impl is not None  # really wrapped
+    eager = [r.reward for r in model32.score_group("p", CTX, CANDS[:3])]
+    assert [r.reward for r in compiled.score_group("p", CTX, CANDS[:3])] == pytest.approx(eager, abs=1e-4)
+    single = model32.score("p", CTX, CANDS[1]).reward
+    assert compiled.score("p", CTX, CANDS[1]).reward == pytest.approx(single, abs=1e-4)

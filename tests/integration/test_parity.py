@@ -83,3 +83,16 @@ def test_clip_and_encoded_file_agree_for_lossless_video(model, tmp_path):
     path = write_video(tmp_path / "lossless.mkv", frames, 8, codec="ffv1", pix_fmt="bgr0")
     ctx = Clip(moving_square(16, 96, 128, seed=6), fps=8)
     assert model.score("p", ctx, Clip(frames, fps=8)).reward == model.score("p", ctx, path).reward
+
+
+def test_encoding_in_worker_threads_is_bit_identical(model, clips):
+    """Every pool thread tokenises and normalises with its own processor copy."""
+    items = [("p", clips["context"], clips[k]) for k in ("cand_a", "cand_b")] * 6
+    inline = [model.prepare(*it).encoded for it in items]
+    jobs = model.pool.map_ordered(lambda it: model.prepare(*it).encoded, items)
+    threaded = [f.result() for f in jobs]
+    assert model.pool.workers >= 1
+    for a, b in zip(inline, threaded):
+        assert torch.equal(a.input_ids, b.input_ids)
+        assert torch.equal(a.pixel_values, b.pixel_values)
+        assert torch.equal(a.image_grid_thw, b.image_grid_thw)

@@ -156,3 +156,49 @@ def test_max_context_frames_keeps_most_recent(tiny_bundle, clips):
     m = RewardModel.from_pretrained(tiny_bundle, device="cpu", contract=Contract(max_context_frames=2))
     res = m.score("p", Clip(moving_square(40, 64, 80), fps=4), clips["cand_a"])
     assert res.context_times == (8.0, 9.0)
+
+
+SEEKABLE = {
+    # name: (writer kwargs, suffix); 24 fps, 12 s, so 1 FPS ticks skip most frames
+    "mjpeg_intra": (dict(codec="mjpeg", pix_fmt="yuvj420p"), ".mkv"),
+    "h264_gop24": (dict(options={"g": "24"}), ".mp4"),
+    "h264_gop12_bframes": (dict(options={"g": "12", "bframes": "3", "preset": "medium"}), ".mp4"),
+    "vp9_gop24": (dict(codec="libvpx-vp9", options={"g": "24"}), ".webm"),
+}
+
+
+@pytest.fixture(scope="module")
+def seek_clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("seek")
+    return {
+        name: write_video(d / f"{name}{suffix}", moving_square(24 * 12, 96, 128, seed=3), 24, **wkw)
+        for name, (wkw, suffix) in SEEKABLE.items()
+    }
+
+
+@pytest.mark.parametrize("role", ["context", "candidate"])
+@pytest.mark.parametrize("name", list(SEEKABLE) + ["h264_420", "h264_bframes", "vfr", "60fps"])
+def test_seeking_decodes_the_same_frames_as_a_full_pass(model, seek_clips, format_clips, name, role):
+    from nvrm.video.decode import read_sampled
+
+    path = seek_clips.get(name) or format_clips[name]
+    full = read_sampled(path, role, model.contract, strategy="sequential")
+    seek = read_sampled(path, role, model.contract)
+    assert seek.strategy == "seek", "the index should allow seeking on this clip"
+    assert seek.plan == full.plan
+    assert len(seek.images) == len(full.images)
+    for a, b in zip(seek.images, full.images):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    if name in SEEKABLE:
+        assert seek.decoded < full.decoded / 3, (seek.decoded, full.decoded)
+
+
+def test_seeking_frames_carry_their_source_index(model, tmp_path):
+    from nvrm.video.decode import read_sampled
+
+    path = write_video(tmp_path / "ffv1.mkv", moving_square(24 * 12, 96, 128), 24, codec="ffv1", pix_fmt="yuv444p")
+    got = read_sampled(path, "context", model.contract)
+    assert got.strategy == "seek" and got.decoded < 24 * 12 / 3
+    # moving_square writes the frame index (mod 256) into the red channel of the top-left block
+    red = [int(np.asarray(im)[2, 2, 0]) for im in got.images]
+    assert all(abs(r - (24 * k) % 256) <= 3 for k, r in enumerate(red)), red

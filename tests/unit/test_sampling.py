@@ -84,3 +84,13 @@ def test_empty_or_backwards_times_are_input_errors():
         plan_context([], C, "x")
     with pytest.raises(InputError, match="backwards"):
         plan_context([0.0, 1.0, 0.5], C, "x")
+
+
+def test_plan_runs_start_at_keyframes_and_merge_touching_gops():
+    from nvrm.video.decode import plan_runs
+
+    key = [i % 4 == 0 for i in range(16)]  # GOPs of 4 frames
+    assert plan_runs(key, [0, 5, 9], 15) == [(0, 0), (4, 5), (8, 9), (12, 15)]
+    assert plan_runs(key, [0, 3, 4], 4) == [(0, 4)]  # GOP 2 starts right after: no seek
+    assert plan_runs([True] * 6, [0, 2, 4], 5) == [(0, 0), (2, 2), (4, 5)]
+    assert plan_runs([True] + [False] * 9, [0, 9], 9) == [(0, 9)]

@@ -17,12 +17,32 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--revision", help="Hub revision to pin when --model is a repo id")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--no-verify", action="store_true", help="skip the manifest sha256 check")
+    p.add_argument(
+        "--batch-tokens", type=int, default=None, metavar="N", help="cap on tokens per forward pass (default 16384)"
+    )
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="MODE",
+        help="wrap the language model in torch.compile (optionally with a mode, e.g. max-autotune)",
+    )
 
 
 def load_model(args: argparse.Namespace):
-    from ..scoring import RewardModel
+    from ..scoring import DEFAULT_MAX_BATCH_TOKENS, RewardModel
 
-    return RewardModel.from_pretrained(args.model, revision=args.revision, device=args.device, verify=not args.no_verify)
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise InputError(f"--batch-tokens {args.batch_tokens}", "must be a positive number of tokens")
+    return RewardModel.from_pretrained(
+        args.model,
+        revision=args.revision,
+        device=args.device,
+        verify=not args.no_verify,
+        max_batch_tokens=args.batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+        compile=args.compile,
+    )
 
 
 # ------------------------------------------------------------------ score

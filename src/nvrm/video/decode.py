@@ -1,20 +1,39 @@
 """Decode a video with PyAV and keep only the frames the 1 FPS plan needs.
 
-Frames are decoded in presentation order. A frame is converted to RGB
-(``frame.to_image()``, PyAV's default conversion) only if it is one of the
-two neighbours of some sampling tick, so a 60 fps 4K clip never holds more
-than a handful of RGB images. The candidate stops decoding once it has seen a
-frame at or past the end of its window.
+Two strategies give the same frames:
+
+* **Seek** (tried first). One demux pass reads every packet's presentation
+  time and keyframe flag without decoding anything (a candidate's pass stops
+  shortly after its window). That index is enough to
+  plan the sampling, so only the groups of pictures (GOPs) that hold a
+  sampled frame are decoded: the decoder seeks to each needed keyframe and
+  stops at the last needed frame, and the final frame of the planned window
+  is always decoded so a truncated tail is still caught. Every decoded
+  frame's timestamp is checked against the index; any disagreement (a
+  decoder that drops or merges frames, missing or duplicate timestamps,
+  packets flagged corrupt or discarded) abandons the seek path.
+  Intra-only and short-GOP files decode a handful of frames instead of all.
+* **Sequential** (the fallback and the authority on errors). Frames are
+  decoded in presentation order; a frame is converted to RGB
+  (``frame.to_image()``, PyAV's default conversion) only if it neighbours a
+  sampling tick. The candidate stops once it has seen a frame at or past the
+  end of its window.
+
+Seeking never changes which frames are chosen or their pixels (decoding from
+a keyframe reproduces the same pictures); tests compare both strategies.
+Corruption confined to a GOP that holds no sampled frame is not decoded and
+so not reported by the seek path.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 import av
 from PIL import Image
@@ -33,6 +52,10 @@ class SampledFrames:
     plan: SamplePlan
     images: tuple[Image.Image, ...]
     source: str
+    decoded: int = 0
+    """How many frames were decoded to produce ``images``."""
+    strategy: str = "sequential"
+    """``"seek"`` or ``"sequential"``."""
 
 
 def describe(source: VideoSource) -> str:
@@ -79,12 +102,150 @@ def _frame_time(frame: av.VideoFrame, index: int, rate: float | None) -> float |
     return None
 
 
-def read_sampled(source: VideoSource, role: str, contract: Contract) -> SampledFrames:
+def _stream_rate(stream) -> float | None:
+    rate = float(stream.average_rate) if stream.average_rate else None
+    if not rate and stream.guessed_rate:
+        rate = float(stream.guessed_rate)
+    return rate
+
+
+def _plan_for(role: str, times, contract: Contract, name: str, nominal: float | None) -> SamplePlan:
+    if role == "candidate":
+        return plan_candidate(times, contract, name, nominal)
+    return plan_context(times, contract, name, nominal)
+
+
+def read_sampled(
+    source: VideoSource, role: str, contract: Contract, *, strategy: str = "auto"
+) -> SampledFrames:
     """Decode ``source`` and return the frames the contract samples for ``role``.
 
     ``role`` is ``"candidate"`` (first window, 1 FPS ticks 0..N-1) or
-    ``"context"`` (every tick below the clip's duration).
+    ``"context"`` (every tick below the clip's duration). ``strategy`` is
+    ``"auto"`` (the index-driven seek path when the file allows it, else
+    sequential) or ``"sequential"``.
     """
+    if strategy not in ("auto", "sequential"):
+        raise ValueError(f"strategy must be 'auto' or 'sequential', got {strategy!r}")
+    if strategy != "sequential":
+        try:
+            found = _read_seeking(source, role, contract)
+        except Exception:  # noqa: BLE001 - the sequential path is the authority on errors
+            found = None
+        if found is not None:
+            return found
+    return _read_sequential(source, role, contract)
+
+
+class _Mismatch(Exception):
+    """The decoder disagreed with the demux index; use the sequential path."""
+
+
+@dataclass(frozen=True)
+class _Index:
+    pts: tuple[int, ...]
+    """Presentation timestamps (stream time base), sorted."""
+    keyframe: tuple[bool, ...]
+    """Whether the packet presented at ``pts[i]`` is a keyframe."""
+
+
+# Packets read past the end of a candidate window before the index stops:
+# enough to cover any decoder reordering (B-frames) around the boundary.
+_REORDER_SLACK = 32
+
+
+def _demux_index(container, stream, window: float | None = None) -> _Index | None:
+    """Every packet's pts and keyframe flag (only up to about ``window`` s if given)."""
+    entries: list[tuple[int, bool]] = []
+    tb = stream.time_base
+    first: int | None = None
+    past = 0
+    for packet in container.demux(stream):
+        if packet.size == 0 and packet.pts is None:
+            continue  # the demuxer's end-of-stream marker
+        if packet.pts is None or packet.is_corrupt or packet.is_discard:
+            return None
+        pts = int(packet.pts)
+        entries.append((pts, bool(packet.is_keyframe)))
+        first = pts if first is None else min(first, pts)
+        if window is not None and (past or float((pts - first) * tb) >= window):
+            past += 1
+            if past > _REORDER_SLACK:
+                break
+    entries.sort()
+    if not entries or any(a[0] == b[0] for a, b in zip(entries, entries[1:])) or not entries[0][1]:
+        return None
+    return _Index(tuple(p for p, _ in entries), tuple(k for _, k in entries))
+
+
+def plan_runs(keyframe: Sequence[bool], needed: Sequence[int], last: int) -> list[tuple[int, int]]:
+    """Decode runs ``(start, stop)`` (inclusive frame positions) covering ``needed`` and ``last``.
+
+    Each run starts at the keyframe at or before its first needed frame; runs
+    whose GOPs touch or overlap are merged so the decoder never seeks backwards.
+    Pure: ``keyframe[i]`` says whether presentation position ``i`` is a keyframe.
+    """
+    starts = [i for i, k in enumerate(keyframe) if k]
+    runs: list[tuple[int, int]] = []
+    for n in sorted(set(needed) | {last}):
+        start = starts[bisect.bisect_right(starts, n) - 1]
+        if runs and start <= runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], n))
+        else:
+            runs.append((start, n))
+    return runs
+
+
+def _read_seeking(source: VideoSource, role: str, contract: Contract) -> SampledFrames | None:
+    name = describe(source)
+    with _open(source, name) as container:
+        streams = container.streams.video
+        if not streams:
+            return None
+        stream = streams[0]
+        rate = _stream_rate(stream)
+        nominal = 1.0 / rate if rate else None
+        tb = stream.time_base
+        window = contract.candidate_seconds if role == "candidate" else None
+        index = _demux_index(container, stream, window)
+        if index is None or tb is None:
+            return None
+        times = [float((p - index.pts[0]) * tb) for p in index.pts]
+        if role == "candidate":
+            end = next((i for i, t in enumerate(times) if t >= contract.candidate_seconds), len(times) - 1)
+            times = times[: end + 1]
+        last = len(times) - 1
+        plan = _plan_for(role, times, contract, name, nominal)
+        runs = plan_runs(index.keyframe[: last + 1], plan.indices, last)
+    with _open(source, name) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        wanted = set(plan.indices)
+        kept: dict[int, Image.Image] = {}
+        decoded = 0
+        for start, stop in runs:
+            if start > 0:
+                container.seek(index.pts[start], stream=stream, backward=True, any_frame=False)
+            pos = start
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    raise _Mismatch
+                if frame.pts < index.pts[start]:
+                    continue  # landed on an earlier keyframe
+                decoded += 1
+                if frame.pts != index.pts[pos]:
+                    raise _Mismatch
+                if pos in wanted:
+                    kept[pos] = frame.to_image()
+                if pos == stop:
+                    break
+                pos += 1
+            else:
+                raise _Mismatch  # the stream ended before the index said it would
+    return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, decoded, "seek")
+
+
+def _read_sequential(source: VideoSource, role: str, contract: Contract) -> SampledFrames:
     name = describe(source)
     with _open(source, name) as container:
         streams = container.streams.video
@@ -92,9 +253,7 @@ def read_sampled(source: VideoSource, role: str, contract: Contract) -> SampledF
             raise InputError(name, "has no video stream (audio-only or not a video file)")
         stream = streams[0]
         stream.thread_type = "AUTO"
-        rate = float(stream.average_rate) if stream.average_rate else None
-        if not rate and stream.guessed_rate:
-            rate = float(stream.guessed_rate)
+        rate = _stream_rate(stream)
         nominal = 1.0 / rate if rate else None
         stop_at = contract.candidate_seconds if role == "candidate" else math.inf
 
@@ -139,8 +298,5 @@ def read_sampled(source: VideoSource, role: str, contract: Contract) -> SampledF
         if last not in kept and prev is not None:
             kept[last] = prev.to_image()
 
-    if role == "candidate":
-        plan = plan_candidate(times, contract, name, nominal)
-    else:
-        plan = plan_context(times, contract, name, nominal)
-    return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name)
+    plan = _plan_for(role, times, contract, name, nominal)
+    return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, len(times), "sequential")
