@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.nvrm-installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install system-deps bench clean
 
 install: $(STAMP)
 
@@ -19,8 +19,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/nvrm demo $(if $(MODEL),--model $(MODEL),)
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# Debian packages the tests need: chromium renders the HTML report in a real
+# browser. (PyAV bundles its own FFmpeg, so no system ffmpeg is needed.)
+system-deps:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the HTML report test"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -75,6 +75,10 @@ class PreparedVideo:
     """Source presentation time (s) of each frame."""
     source: str
     """How the input is named in messages."""
+    role: str = ""
+    """The slot it was prepared for (``context`` or ``candidate``)."""
+    contract: str = ""
+    """Fingerprint of the contract that prepared it."""
 
 
 def _plan(times: Sequence[float], role: str, contract: Contract, name: str, nominal: float | None) -> SamplePlan:
@@ -131,11 +135,25 @@ def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list
     )
 
 
-def prepare_input(value: VideoInput, role: str, contract: Contract) -> PreparedVideo:
-    """Sample and apply the per-frame contract to one context or candidate."""
+def prepare_input(value: "VideoInput | PreparedVideo", role: str, contract: Contract) -> PreparedVideo:
+    """Sample and apply the per-frame contract to one context or candidate.
+
+    A ``PreparedVideo`` made by this function for the same role and contract
+    passes through unchanged, so a caller can prepare once (e.g. to show the
+    frames) and score without preparing again.
+    """
+    if isinstance(value, PreparedVideo):
+        if value.role != role or value.contract != contract.fingerprint:
+            raise InputError(
+                value.source,
+                f"was prepared as {value.role or '?'} under contract {value.contract[:12] or '?'}; "
+                f"it cannot be reused as {role} under contract {contract.fingerprint[:12]}",
+                role=role,
+            )
+        return value
     images, plan, name = sample_input(value, role, contract)
     try:
         prepared = tuple(prepare_frame(img, contract, f"{name} @ {t:.3f}s") for img, t in zip(images, plan.times))
     except InputError as e:
         raise e.with_role(role) from e
-    return PreparedVideo(prepared, plan.times, name)
+    return PreparedVideo(prepared, plan.times, name, role, contract.fingerprint)

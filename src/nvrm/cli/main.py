@@ -13,7 +13,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import bench, commands, demo
+from . import bench, commands, demo, jobs
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -21,6 +21,9 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("frames", "write the exact frames the model sees", commands.add_frames_args, commands.run_frames),
     ("verify", "check a bundle against its manifest", commands.add_verify_args, commands.run_verify),
     ("download", "download a bundle from the Hugging Face Hub", commands.add_download_args, commands.run_download),
+    ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", jobs.add_batch_args, jobs.run_batch),
+    ("rank", "rank candidates for one context (optionally as an HTML report)", jobs.add_rank_args, jobs.run_rank),
+    ("eval", "pairwise accuracy on preference pairs, with a plot", jobs.add_eval_args, jobs.run_eval),
     ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
     ("bench", "benchmark naive vs batch vs group scoring", bench.add_args, bench.run),
 ]

@@ -1,0 +1,178 @@
+"""batch, rank and eval: commands over many clips."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import InputError, NvrmError
+from .commands import add_model_args, load_model
+
+# ------------------------------------------------------------------ batch
+
+
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    from ..jobs.runner import DEFAULT_FLUSH_EVERY
+
+    add_model_args(p)
+    p.add_argument("--input", required=True, help="manifest.jsonl (rows with id, prompt, context, candidate(s))")
+    p.add_argument("--output", required=True, help="scores file: .jsonl, .csv or .parquet")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="skip rows already in the output and append the rest")
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--flush-every",
+        type=int,
+        default=DEFAULT_FLUSH_EVERY,
+        metavar="ROWS",
+        help=f"rows scored between durable writes (default {DEFAULT_FLUSH_EVERY})",
+    )
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    from ..jobs.manifest import read_manifest
+    from ..jobs.runner import run_batch as run
+    from ..jobs.sink import output_format
+
+    if args.flush_every < 1:
+        raise InputError(f"--flush-every {args.flush_every}", "must be at least 1")
+    output_format(Path(args.output))  # refuse an unknown extension before loading the model
+    read_manifest(args.input)  # and a manifest that cannot be read
+    model = load_model(args)
+    summary = run(
+        model, args.input, args.output, resume=args.resume, overwrite=args.overwrite, flush_every=args.flush_every
+    )
+    print(f"nvrm batch: {summary.line()}")
+    return 0
+
+
+# ------------------------------------------------------------------ rank
+
+
+def add_rank_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--prompt", required=True, help="text prompt")
+    p.add_argument("--context", required=True, help="preceding video (or image) file")
+    p.add_argument("candidates", nargs="+", metavar="CANDIDATE", help="candidate continuation files")
+    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    from ..inputs import prepare_input
+    from ..report.ranking import pairwise_matrix, rank_rewards
+
+    if args.html and not Path(args.html).resolve().parent.is_dir():
+        raise InputError(args.html, "folder for the HTML report does not exist")
+    model = load_model(args)
+    jobs = model.pool.map_ordered(lambda c: prepare_input(c, "candidate", model.contract), args.candidates)
+    context = prepare_input(args.context, "context", model.contract)
+    cands = [f.result() for f in jobs]
+    results = model.score_group(args.prompt, context, cands)
+    rewards = [r.reward for r in results]
+    ranked = rank_rewards(rewards)
+    if args.html:
+        from ..report.html import render_rank_report
+
+        page = render_rank_report(
+            args.prompt, context, cands, rewards, names=[args.context, *args.candidates], model_info=model.info()
+        )
+        Path(args.html).write_text(page, encoding="utf-8")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ranking": [
+                        {
+                            "rank": r.rank,
+                            "index": r.index,
+                            "candidate": args.candidates[r.index],
+                            "reward": r.reward,
+                            "p_top": r.p_top,
+                            "p_best_over": r.p_best_over,
+                        }
+                        for r in ranked
+                    ],
+                    "pairwise": pairwise_matrix(rewards),
+                    "contract": model.contract.fingerprint,
+                    "model_revision": model.revision,
+                    "html": args.html,
+                },
+                ensure_ascii=False,
+            )
+        )
+        return 0
+    print(f"{'rank':>4}  {'reward':>10}  {'P(top)':>7}  {'P(#1>this)':>10}  candidate")
+    for r in ranked:
+        p = "-" if r.rank == 1 else f"{r.p_best_over:.3f}"
+        print(f"{r.rank:>4}  {r.reward:>+10.5f}  {r.p_top:>7.3f}  {p:>10}  {args.candidates[r.index]}")
+    if args.html:
+        print(f"report: {args.html}")
+    return 0
+
+
+# ------------------------------------------------------------------ eval
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--pairs", required=True, help="pairs.jsonl (prompt, context, chosen, rejected[, tie])")
+    p.add_argument("--plot", metavar="PNG", help="where to write the plot (default: PAIRS_STEM.rewards.png here)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def evaluate_pairs(model, pairs) -> tuple[list, list[str]]:
+    """Score every pair (chosen and rejected share the context); errors come back as lines."""
+    from ..pairs import PairProblem
+    from ..report.evaluate import PairOutcome
+
+    outcomes: list[PairOutcome] = []
+    problems: list[str] = []
+    for p in pairs:
+        if isinstance(p, PairProblem):
+            problems.append(p.message)
+            continue
+        try:
+            rc, rr = model.score_group(p.prompt, p.context, [p.chosen, p.rejected])
+        except NvrmError as e:
+            problems.append(f"pairs line {p.line}: {e}")
+            continue
+        outcomes.append(PairOutcome(rc.reward, rr.reward, p.tie))
+    return outcomes, problems
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from ..pairs import read_pairs
+    from ..report.evaluate import plot_pairs, summarize
+
+    pairs = read_pairs(args.pairs)
+    plot = Path(args.plot) if args.plot else Path(Path(args.pairs).stem + ".rewards.png")
+    if not plot.resolve().parent.is_dir():
+        raise InputError(str(plot), "folder for the plot does not exist")
+    model = load_model(args)
+    outcomes, problems = evaluate_pairs(model, pairs)
+    for line in problems:
+        print(f"nvrm eval: skipped {line}", file=sys.stderr)
+    summary = summarize(outcomes, failed=len(problems))
+    plot_pairs(outcomes, plot, title=f"{Path(args.pairs).name}: accuracy {summary['accuracy'] or 0:.3f} (n={summary['n']})")
+    summary["plot"] = str(plot)
+    summary["contract"] = model.contract.fingerprint
+    summary["model_revision"] = model.revision
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        acc = "n/a" if summary["accuracy"] is None else f"{summary['accuracy']:.4f}"
+        margin = "n/a" if summary["mean_margin"] is None else f"{summary['mean_margin']:+.4f}"
+        print(f"pairwise accuracy {acc} over {summary['n']} preference pairs ({summary['tie_rule']})")
+        print(f"mean margin {margin}; ties {summary['n_ties']}; failed {summary['failed']}")
+        for side in ("chosen", "rejected"):
+            s = summary["rewards"][side]
+            if s:
+                print(
+                    f"{side:>8} reward: mean {s['mean']:+.4f} std {s['std']:.4f} "
+                    f"min {s['min']:+.4f} median {s['median']:+.4f} max {s['max']:+.4f}"
+                )
+        print(f"plot: {plot}")
+    return 0 if outcomes or not problems else 2

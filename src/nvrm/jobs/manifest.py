@@ -1,0 +1,160 @@
+"""Manifest rows for ``nvrm batch``: parsing and validation, no I/O beyond reading lines.
+
+One JSON object per line, either a single candidate::
+
+    {"id": "clip-1", "prompt": "...", "context": "ctx.mp4", "candidate": "a.mp4"}
+
+or a group sharing one context (scored with shared-context reuse)::
+
+    {"id": "step-7", "prompt": "...", "context": "ctx.mp4", "candidates": ["a.mp4", "b.mp4"]}
+
+Relative paths resolve against the manifest's folder. Every (id, candidate
+index) is one output row; a line that cannot be used still yields its rows,
+as errors, so nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import InputError
+
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """A usable manifest line."""
+
+    line: int
+    id: str
+    prompt: str
+    context: str
+    """Resolved path of the context video."""
+    candidates: tuple[str, ...]
+    """Resolved candidate paths; one for a single-candidate row."""
+    labels: tuple[str, ...]
+    """Candidate paths as written in the manifest (reported in the output)."""
+    group: bool
+    """Whether the line used ``candidates`` (a group)."""
+
+    def keys(self) -> list[Key]:
+        return [(self.id, i) for i in range(len(self.candidates))]
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """A manifest line that cannot be scored: it still gets output rows, as errors."""
+
+    line: int
+    id: str
+    n_candidates: int
+    labels: tuple[str, ...]
+    message: str
+
+    def keys(self) -> list[Key]:
+        return [(self.id, i) for i in range(self.n_candidates)]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Work left for one manifest line: the candidate indices missing from the output."""
+
+    row: ManifestRow | RowProblem
+    indices: tuple[int, ...]
+
+
+def _resolve(base: Path, value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty path string")
+    p = Path(value)
+    return str(p if p.is_absolute() else base / p)
+
+
+def parse_line(text: str, line: int, base: Path) -> ManifestRow | RowProblem:
+    """Turn one manifest line into a row or a problem that still names its rows."""
+    fallback_id = f"line:{line}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return RowProblem(line, fallback_id, 1, ("",), f"manifest line {line}: not valid JSON ({e.msg})")
+    if not isinstance(obj, dict):
+        return RowProblem(line, fallback_id, 1, ("",), f"manifest line {line}: expected a JSON object")
+    raw_id = obj.get("id")
+    rid = str(raw_id) if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) and str(raw_id) else fallback_id
+    group = "candidates" in obj
+    cands = obj.get("candidates") if group else [obj.get("candidate")]
+    labels = tuple(c if isinstance(c, str) else "" for c in cands) if isinstance(cands, list) and cands else ("",)
+    problems = []
+    if rid == fallback_id:
+        problems.append("'id' must be a non-empty string or integer")
+    if group and "candidate" in obj:
+        problems.append("give 'candidate' or 'candidates', not both")
+    if not isinstance(obj.get("prompt"), str):
+        problems.append("'prompt' must be a string")
+    if group and (not isinstance(cands, list) or not cands):
+        problems.append("'candidates' must be a non-empty list of paths")
+    try:
+        context = _resolve(base, obj.get("context"), "'context'")
+    except ValueError as e:
+        problems.append(str(e))
+        context = ""
+    resolved: list[str] = []
+    for i, c in enumerate(cands if isinstance(cands, list) else []):
+        try:
+            resolved.append(_resolve(base, c, f"'candidates[{i}]'" if group else "'candidate'"))
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        return RowProblem(line, rid, len(labels), labels, f"manifest line {line}: {'; '.join(problems)}")
+    return ManifestRow(line, rid, obj["prompt"], context, tuple(resolved), labels, group)
+
+
+def iter_manifest(path: Path) -> Iterator[ManifestRow | RowProblem]:
+    """Rows of a manifest file in order; blank lines are skipped."""
+    base = path.parent
+    try:
+        handle = path.open("r", encoding="utf-8")
+    except FileNotFoundError as e:
+        raise InputError(str(path), "manifest not found") from e
+    except OSError as e:
+        raise InputError(str(path), f"cannot read manifest ({e.strerror})") from e
+    with handle:
+        try:
+            for n, text in enumerate(handle, start=1):
+                if text.strip():
+                    yield parse_line(text, n, base)
+        except UnicodeDecodeError as e:
+            raise InputError(str(path), f"manifest is not UTF-8 text ({e.reason})") from e
+
+
+def read_manifest(path: str | Path) -> list[ManifestRow | RowProblem]:
+    """All rows; refuses a manifest whose ids repeat (their output rows would collide)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(str(path), "is a directory, not a manifest file")
+    rows = list(iter_manifest(path))
+    seen: dict[str, int] = {}
+    for r in rows:
+        if r.id in seen:
+            raise InputError(
+                str(path), f"id {r.id!r} appears on lines {seen[r.id]} and {r.line}; ids must be unique"
+            )
+        seen[r.id] = r.line
+    return rows
+
+
+def pending(rows: list[ManifestRow | RowProblem], done: set[Key]) -> tuple[list[Unit], int]:
+    """Work left after ``done`` (in manifest order) and how many keys it skips."""
+    units: list[Unit] = []
+    skipped = 0
+    for r in rows:
+        keys = r.keys()
+        left = tuple(i for i, k in enumerate(keys) if k not in done)
+        skipped += len(keys) - len(left)
+        if left:
+            units.append(Unit(r, left))
+    return units, skipped

@@ -1,0 +1,89 @@
+"""Preference pairs files (``pairs.jsonl``), shared by evaluation and training.
+
+One JSON object per line::
+
+    {"prompt": "...", "context": "ctx.mp4", "chosen": "a.mp4", "rejected": "b.mp4"}
+
+with an optional ``"tie": true`` (the two candidates are equally good; which
+one is called ``chosen`` does not matter) and an optional ``"id"``. Relative
+paths resolve against the file's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Pair:
+    line: int
+    id: str
+    prompt: str
+    context: str
+    chosen: str
+    rejected: str
+    tie: bool = False
+
+
+@dataclass(frozen=True)
+class PairProblem:
+    line: int
+    id: str
+    message: str
+
+
+def _path(base: Path, value: object, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"'{key}' must be a non-empty path string")
+    p = Path(value)
+    return str(p if p.is_absolute() else base / p)
+
+
+def parse_pair(text: str, line: int, base: Path) -> Pair | PairProblem:
+    rid = f"line:{line}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return PairProblem(line, rid, f"pairs line {line}: not valid JSON ({e.msg})")
+    if not isinstance(obj, dict):
+        return PairProblem(line, rid, f"pairs line {line}: expected a JSON object")
+    if isinstance(obj.get("id"), (str, int)) and not isinstance(obj.get("id"), bool):
+        rid = str(obj["id"])
+    problems = []
+    if not isinstance(obj.get("prompt"), str):
+        problems.append("'prompt' must be a string")
+    tie = obj.get("tie", False)
+    if not isinstance(tie, bool):
+        problems.append("'tie' must be true or false")
+    paths = {}
+    for key in ("context", "chosen", "rejected"):
+        try:
+            paths[key] = _path(base, obj.get(key), key)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        return PairProblem(line, rid, f"pairs line {line}: {'; '.join(problems)}")
+    return Pair(line, rid, obj["prompt"], paths["context"], paths["chosen"], paths["rejected"], tie)
+
+
+def read_pairs(path: str | Path) -> list[Pair | PairProblem]:
+    """Every non-blank line of a pairs file, as a pair or a problem naming the line."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(str(path), "is a directory, not a pairs file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise InputError(str(path), "pairs file not found") from e
+    except UnicodeDecodeError as e:
+        raise InputError(str(path), f"pairs file is not UTF-8 text ({e.reason})") from e
+    except OSError as e:
+        raise InputError(str(path), f"cannot read pairs file ({e.strerror})") from e
+    rows = [parse_pair(t, n, path.parent) for n, t in enumerate(text.splitlines(), start=1) if t.strip()]
+    if not rows:
+        raise InputError(str(path), "pairs file has no rows")
+    return rows

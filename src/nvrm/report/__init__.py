@@ -1,0 +1,1 @@
+"""What users look at: the ranking report and preference-pair evaluation."""
