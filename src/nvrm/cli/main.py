@@ -13,7 +13,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import bench, commands, demo, jobs
+from . import bench, commands, demo, jobs, serve, train
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -24,6 +24,9 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", jobs.add_batch_args, jobs.run_batch),
     ("rank", "rank candidates for one context (optionally as an HTML report)", jobs.add_rank_args, jobs.run_rank),
     ("eval", "pairwise accuracy on preference pairs, with a plot", jobs.add_eval_args, jobs.run_eval),
+    ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
+    ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),
+    ("prefs", "preference data: filter judgments into pairs, or write the synthetic task", train.add_prefs_args, None),
     ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
     ("bench", "benchmark naive vs batch vs group scoring", bench.add_args, bench.run),
 ]
@@ -36,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text, add_args, run in SUBCOMMANDS:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_args(p)
-        p.set_defaults(run=run)
+        if run is not None:
+            p.set_defaults(run=run)
     return parser
 
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from ..bundle import sha256_file
+from ..bundle import sha256_file, write_backbone, write_manifest  # noqa: F401 (re-exported for tests)
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -257,44 +257,6 @@ def random_state_dict(config, spec: TinySpec) -> dict[str, torch.Tensor]:
             t = _seeded_normal(name, shape, spec.seed, spec.weight_std)
         out[name] = t.to(torch.bfloat16).contiguous()
     return out
-
-
-def write_manifest(
-    bundle: Path,
-    name: str = "RELEASE_MANIFEST.json",
-    style: Literal["dict", "list"] = "dict",
-    revision: str | None = None,
-) -> Path:
-    """Record sha256 and size of every file in ``bundle`` (except manifests)."""
-    skip = {"RELEASE_MANIFEST.json", "worl-bundle.json"}
-    files = sorted(p for p in bundle.rglob("*") if p.is_file() and p.name not in skip)
-    entries = {p.relative_to(bundle).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size} for p in files}
-    if style == "dict":
-        body: dict = {"files": entries}
-    else:
-        body = {"files": [{"path": k, **v} for k, v in entries.items()]}
-    if revision is not None:
-        body["source"] = {"revision": revision}
-    path = bundle / name
-    path.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
-    return path
-
-
-def write_backbone(bundle: Path, state: dict[str, torch.Tensor], shards: int = 3) -> None:
-    from safetensors.torch import save_file
-
-    keys = sorted(state)
-    per = -(-len(keys) // shards)
-    weight_map, total = {}, 0
-    for s in range(shards):
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {k: state[k] for k in keys[s * per : (s + 1) * per]}
-        save_file(part, str(bundle / fname), metadata={"format": "pt"})
-        for k, v in part.items():
-            weight_map[k] = fname
-            total += v.numel() * v.element_size()
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (bundle / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def build_tiny_bundle(

@@ -1,0 +1,1 @@
+"""Preference data: filtering judgments into clean pairs, and a synthetic task."""

@@ -1,0 +1,175 @@
+"""Turn raw judgments into training pairs (pure; the CLI does the I/O).
+
+A judgment is one comparison shown in one order::
+
+    {"prompt", "context", "first": "a.mp4", "second": "b.mp4", "winner": "first" | "second" | "tie"}
+
+Steps, in order, each removal recorded with its reason:
+
+1. **Malformed** rows (missing fields, unknown winner, first == second) are removed.
+2. **Duplicates**: a judgment identical to an earlier one (same prompt,
+   context, order and winner) is removed.
+3. **Order consistency**: the judgments of an unordered pair {a, b} within a
+   context are grouped. The pair is kept only if it was judged in both
+   presentation orders and every judgment names the same outcome (the same
+   video wins, or all say tie). Pairs judged in one order only, or with
+   disagreeing judgments, are removed.
+4. **Cycles**: within each (prompt, context) group the kept preferences form
+   a directed graph (winner -> loser). Its strongly connected components are
+   found with Tarjan's algorithm; every preference whose two videos lie in
+   the same component is on some cycle and is removed. The preferences left
+   form an acyclic graph, and no preference on a cycle survives (the rule
+   removes all of a cycle rather than guessing which edge is wrong). Ties are
+   not edges and are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+WINNERS = ("first", "second", "tie")
+
+
+@dataclass(frozen=True)
+class Removed:
+    reason: str
+    """malformed | duplicate | one_order_only | inconsistent | cycle"""
+    detail: str
+    item: Any
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    pairs: list[dict]
+    removed: list[Removed]
+    judgments: int
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.removed:
+            out[r.reason] = out.get(r.reason, 0) + 1
+        return out
+
+
+def _check(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    for key in ("prompt", "context", "first", "second"):
+        if not isinstance(row.get(key), str) or (key != "prompt" and not row.get(key)):
+            return f"'{key}' must be a {'string' if key == 'prompt' else 'non-empty path string'}"
+    if row.get("winner") not in WINNERS:
+        return f"'winner' must be one of {', '.join(WINNERS)}, got {row.get('winner')!r}"
+    if row["first"] == row["second"]:
+        return "'first' and 'second' are the same video"
+    return None
+
+
+def _outcome(row: dict) -> str:
+    """The judged outcome by video, independent of presentation order."""
+    if row["winner"] == "tie":
+        return "tie"
+    return row["first"] if row["winner"] == "first" else row["second"]
+
+
+def strongly_connected(nodes: list[str], edges: dict[str, list[str]]) -> dict[str, int]:
+    """Tarjan's algorithm (iterative): component id per node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = 0
+    n_comp = 0
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(edges.get(root, ())))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(edges.get(w, ()))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp[w] = n_comp
+                    if w == v:
+                        break
+                n_comp += 1
+    return comp
+
+
+def filter_judgments(rows: Iterable[Any]) -> FilterResult:
+    removed: list[Removed] = []
+    seen: set[tuple] = set()
+    pairs: dict[tuple, list[dict]] = {}
+    n = 0
+    for row in rows:
+        n += 1
+        problem = _check(row)
+        if problem:
+            removed.append(Removed("malformed", problem, row))
+            continue
+        key = (row["prompt"], row["context"], row["first"], row["second"], row["winner"])
+        if key in seen:
+            removed.append(Removed("duplicate", "same judgment seen earlier", row))
+            continue
+        seen.add(key)
+        a, b = sorted((row["first"], row["second"]))
+        pairs.setdefault((row["prompt"], row["context"], a, b), []).append(row)
+
+    consistent: dict[tuple, list[tuple[str, str, str]]] = {}  # group -> (a, b, outcome)
+    for (prompt, context, a, b), judged in pairs.items():
+        orders = {(r["first"], r["second"]) for r in judged}
+        outcomes = {_outcome(r) for r in judged}
+        label = f"{a} vs {b} (context {context})"
+        if len(orders) < 2:
+            removed.append(Removed("one_order_only", f"{label}: judged in one presentation order only", judged))
+        elif len(outcomes) > 1:
+            removed.append(Removed("inconsistent", f"{label}: judgments disagree ({', '.join(sorted(outcomes))})", judged))
+        else:
+            consistent.setdefault((prompt, context), []).append((a, b, outcomes.pop()))
+
+    out: list[dict] = []
+    for (prompt, context), prefs in consistent.items():
+        edges: dict[str, list[str]] = {}
+        nodes: list[str] = []
+        for a, b, outcome in prefs:
+            for v in (a, b):
+                if v not in edges:
+                    edges[v] = []
+                    nodes.append(v)
+            if outcome != "tie":
+                loser = b if outcome == a else a
+                edges[outcome].append(loser)
+        comp = strongly_connected(nodes, edges)
+        for a, b, outcome in prefs:
+            if outcome == "tie":
+                out.append({"prompt": prompt, "context": context, "chosen": a, "rejected": b, "tie": True})
+                continue
+            loser = b if outcome == a else a
+            if comp[outcome] == comp[loser]:
+                removed.append(Removed("cycle", f"{outcome} > {loser} (context {context}) lies on a preference cycle", (prompt, context, outcome, loser)))
+                continue
+            out.append({"prompt": prompt, "context": context, "chosen": outcome, "rejected": loser})
+    return FilterResult(out, removed, n)

@@ -1,0 +1,122 @@
+"""A synthetic world-model preference task that trains on a CPU.
+
+Each example is a square moving at constant velocity over a tiled
+background. The context shows the first seconds; the **preferred**
+continuation keeps the motion, and each **rejected** one breaks physics in
+one way:
+
+- ``freeze``:   the square stops where the context left it;
+- ``teleport``: the square jumps to a random place every second;
+- ``reverse``:  the square moves back the way it came;
+- ``flicker``:  the motion is right but the square vanishes every other second.
+
+Clips are written as real encoded videos (H.264 in MP4 via PyAV), so training
+and scoring go through the same decoding and preprocessing contract as any
+user's data. Frames are small and portrait (64x48), which keeps sequences
+short for the contract's height-360 resize.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = ("freeze", "teleport", "reverse", "flicker")
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    height: int = 64
+    width: int = 48
+    fps: int = 4
+    context_seconds: int = 3
+    candidate_seconds: int = 5
+    square: int = 14
+    speed: tuple[float, float] = (4.0, 6.0)
+    """Range of the square's speed, source pixels per second."""
+
+
+def _background(rng: np.random.Generator, spec: SynthSpec) -> np.ndarray:
+    base = rng.integers(50, 120, size=3)
+    tiles = (base + rng.integers(-8, 9, size=(spec.height // 8 + 1, spec.width // 8 + 1, 3))).astype(np.uint8)
+    return np.kron(tiles, np.ones((8, 8, 1), dtype=np.uint8))[: spec.height, : spec.width]
+
+
+def _draw(bg: np.ndarray, pos: np.ndarray, color: np.ndarray, size: int, visible: bool = True) -> np.ndarray:
+    f = bg.copy()
+    if visible:
+        y, x = int(round(pos[0])), int(round(pos[1]))
+        f[max(0, y) : y + size, max(0, x) : x + size] = color
+    return f
+
+
+def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarray]:
+    """Frames (T, H, W, 3) for the context, the preferred continuation and each rejected variant."""
+    rng = np.random.default_rng(seed)
+    bg = _background(rng, spec)
+    color = np.array([rng.integers(200, 256), rng.integers(0, 80), rng.integers(150, 256)], dtype=np.uint8)[rng.permutation(3)]
+    total = spec.context_seconds + spec.candidate_seconds
+    limits = np.array([spec.height - spec.square, spec.width - spec.square], dtype=float)
+    speed = rng.uniform(*spec.speed)
+    angle = rng.uniform(0, 2 * np.pi)
+    v = np.array([np.sin(angle), np.cos(angle)]) * speed
+    # choose a start so the whole trajectory stays inside the frame (shrink speed if it cannot)
+    travel = np.abs(v) * total
+    scale = min(1.0, float(np.min(np.where(travel > 0, limits / np.maximum(travel, 1e-9), np.inf))))
+    v = v * scale * 0.95
+    lo = np.where(v < 0, -v * total, 0.0)
+    hi = limits - np.where(v > 0, v * total, 0.0)
+    p0 = rng.uniform(lo, np.maximum(lo, hi))
+    n_ctx, n_cand = spec.context_seconds * spec.fps, spec.candidate_seconds * spec.fps
+    t_ctx = np.arange(n_ctx) / spec.fps
+    t_cand = spec.context_seconds + np.arange(n_cand) / spec.fps
+    context = np.stack([_draw(bg, p0 + v * t, color, spec.square) for t in t_ctx])
+    good = [p0 + v * t for t in t_cand]
+    end = p0 + v * t_ctx[-1]
+    jumps = rng.uniform(0, limits, size=(spec.candidate_seconds, 2))
+    out = {
+        "context": context,
+        "preferred": np.stack([_draw(bg, p, color, spec.square) for p in good]),
+        "freeze": np.stack([_draw(bg, end, color, spec.square) for _ in t_cand]),
+        "teleport": np.stack([_draw(bg, jumps[int(k // spec.fps)], color, spec.square) for k in range(n_cand)]),
+        "reverse": np.stack([_draw(bg, end - v * (t - t_ctx[-1]), color, spec.square) for t in t_cand]),
+        "flicker": np.stack(
+            [_draw(bg, p, color, spec.square, visible=int(k // spec.fps) % 2 == 0) for k, p in enumerate(good)]
+        ),
+    }
+    return out
+
+
+def write_task(out: str | Path, n_train: int, n_eval: int, *, seed: int = 0, spec: SynthSpec = SynthSpec()) -> dict[str, Path]:
+    """Write clips and ``train_pairs.jsonl`` / ``eval_pairs.jsonl`` (4 pairs per example)."""
+    from ..testing.clips import write_video
+
+    out = Path(out)
+    (out / "clips").mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, count, offset in (("train", n_train, 0), ("eval", n_eval, 1_000_000)):
+        lines = []
+        for i in range(count):
+            ex_seed = seed * 7_919 + offset + i
+            frames = make_example(ex_seed, spec)
+            stem = f"{split}{i:05d}"
+            paths = {}
+            for name, arr in frames.items():
+                rel = f"clips/{stem}_{name}.mp4"
+                write_video(out / rel, arr, spec.fps, options={"crf": "18"})
+                paths[name] = rel
+            prompt = "A square glides across a tiled floor at constant speed."
+            for variant in VARIANTS:
+                lines.append(
+                    json.dumps(
+                        {"id": f"{stem}-{variant}", "prompt": prompt, "context": paths["context"],
+                         "chosen": paths["preferred"], "rejected": paths[variant], "kind": variant}
+                    )
+                )
+        path = out / f"{split}_pairs.jsonl"
+        path.write_text("\n".join(lines) + ("\n" if lines else ""))
+        files[split] = path
+    return files

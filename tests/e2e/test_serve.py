@@ -1,0 +1,317 @@
+"""The reward service on loopback: a real `nvrm serve` process, real HTTP."""
+
+import base64
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from nvrm import Clip, RewardFnError, make_reward_fn
+from nvrm.client import RemoteItemError, RewardClient, ServiceError
+from nvrm.serve.media import encode_frames
+from nvrm.testing.clips import moving_square
+
+NVRM = Path(sys.executable).parent / "nvrm"
+
+# small portrait frames keep each item cheap (~400 tokens) so many requests fit in CI time
+CTX = Clip(moving_square(2, 64, 32, seed=1), fps=1)
+CANDS = [Clip(moving_square(5, 64, 32, seed=10 + i, speed=1 + i), fps=1) for i in range(4)]
+
+
+def bf16_ulp(x: float) -> float:
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, bundle, *extra, env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"nvrm-serve-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [str(NVRM), "serve", "--model", str(bundle), "--port", str(self.port), *map(str, extra)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("server did not become ready: " + self.output())
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, clips):
+    d = tmp_path_factory.mktemp("served")
+    for k in ("context", "cand_a", "cand_b"):
+        (d / clips[k].name).write_bytes(clips[k].read_bytes())
+    outside = tmp_path_factory.mktemp("secret") / "secret.mp4"
+    outside.write_bytes(clips["cand_a"].read_bytes())
+    (d / "link.mp4").symlink_to(outside)
+    return d, outside
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundle, data_dir):
+    s = Server(tiny_bundle, "--allow-dir", data_dir[0], "--max-queue", 64, "--max-body-mb", 2, "--max-wait-ms", 10)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(model):
+    return [model.score("p", CTX, c).reward for c in CANDS]
+
+
+def post(server, path, body, headers=None):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.url + path, content=data, headers={"content-type": "application/json", **(headers or {})}, timeout=60)
+
+
+def frames(clip):
+    return {"frames": encode_frames(clip.frames), "fps": clip.fps}
+
+
+def test_probes_info_and_metrics(server, model):
+    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/readyz").json() == {"status": "ready"}
+    info = httpx.get(server.url + "/v1/info").json()
+    assert info["model"]["revision"] == "tiny-test-0001" and info["contract"]["fingerprint"] == model.contract.fingerprint
+    assert info["limits"]["max_queue_items"] == 64 and info["limits"]["path_inputs"] is True
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("nvrm_requests_total", "nvrm_items_total", "nvrm_batch_size", "nvrm_queue_depth", "nvrm_request_seconds_bucket"):
+        assert name in text
+
+
+def test_concurrent_clients_get_every_answer_right_once(server, expected):
+    """32 clients x 20 requests; each request carries two items in a client-specific order."""
+    answers: dict[tuple[int, int], list[float]] = {}
+    failures: list[str] = []
+
+    def client(k):
+        c = RewardClient(server.url, retries=50, backoff=0.05)
+        for j in range(20):
+            a, b = (k + j) % 4, (k + 2 * j + 1) % 4
+            try:
+                res = c.score([("p", CTX, CANDS[a]), ("p", CTX, CANDS[b])], errors="raise")
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"{k}/{j}: {e}")
+                continue
+            assert (k, j) not in answers
+            answers[(k, j)] = [r.reward for r in res]
+            for r, want in zip(res, (expected[a], expected[b])):
+                if abs(r.reward - want) > 2 * bf16_ulp(want):
+                    failures.append(f"{k}/{j}: got {r.reward}, in-process {want}")
+        c.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert len(answers) == 32 * 20
+    metrics = httpx.get(server.url + "/metrics").text
+    sizes = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("nvrm_batch_size_")}
+    assert sizes["nvrm_batch_size_sum"] / sizes["nvrm_batch_size_count"] > 1.5, "requests were not batched together"
+
+
+def test_group_endpoint_and_per_item_errors(server, data_dir, expected, model):
+    d, _ = data_dir
+    body = {
+        "prompt": "p",
+        "context": frames(CTX),
+        "candidates": [frames(CANDS[0]), {"data": base64.b64encode(b"garbage" * 50).decode()}, frames(CANDS[2])],
+    }
+    r = post(server, "/v1/score_group", body)
+    assert r.status_code == 200
+    res = r.json()["results"]
+    assert abs(res[0]["reward"] - expected[0]) <= 2 * bf16_ulp(expected[0]) and abs(res[2]["reward"] - expected[2]) <= 2 * bf16_ulp(expected[2])
+    assert res[1]["error"]["code"] == "invalid_input" and "not a readable video" in res[1]["error"]["message"]
+    # a path inside the allowed dir, and encoded bytes of the same file, give the same reward
+    ctx = {"path": str(d / "context.mp4")}
+    by_path = post(server, "/v1/score", {"items": [{"prompt": "q", "context": ctx, "candidate": {"path": str(d / "cand_b.mp4")}}]})
+    raw = base64.b64encode((d / "cand_b.mp4").read_bytes()).decode()
+    by_data = post(server, "/v1/score", {"items": [{"prompt": "q", "context": ctx, "candidate": {"data": raw}}]})
+    want = model.score("q", d / "context.mp4", d / "cand_b.mp4").reward
+    assert by_path.json()["results"][0]["reward"] == by_data.json()["results"][0]["reward"]
+    assert abs(by_path.json()["results"][0]["reward"] - want) <= 2 * bf16_ulp(want)
+    # a short candidate is a contract violation; alone in its request -> 422 with the per-item body
+    short = Clip(moving_square(3, 64, 32), fps=1)
+    r = post(server, "/v1/score", {"items": [{"prompt": "p", "context": frames(CTX), "candidate": frames(short)}]})
+    assert r.status_code == 422 and r.json()["results"][0]["error"]["code"] == "contract_violation"
+
+
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"items": "nope"}, 400, "expected"),
+        ({"items": [{"prompt": 5, "context": {"path": "x"}, "candidate": {"path": "y"}}]}, 400, "'prompt' must be a string"),
+        ({"items": [{"prompt": "p", "context": {"data": "!!!notbase64"}, "candidate": {"data": "AAAA"}}]}, 400, "not valid base64"),
+        ({"items": [{"prompt": "p", "context": {"frames": "AAAA", "fps": 1}, "candidate": {"data": "AAAA"}}]}, 400, "not a .npy array"),
+        ({"items": [{"prompt": "p", "context": {"path": "/a", "data": "AAAA"}, "candidate": {"data": "AAAA"}}]}, 400, "exactly one of"),
+        ({"items": [{"prompt": "p", "context": {"path": "/etc/passwd"}, "candidate": {"data": "AAAA"}}]}, 403, "outside the allowed directories"),
+        ({"prompt": "p", "context": {"data": "AAAA"}, "candidates": []}, 400, "non-empty list"),
+    ],
+)
+def test_malformed_requests_get_4xx_json_and_the_server_keeps_serving(server, body, status, needle):
+    path = "/v1/score_group" if isinstance(body, dict) and "candidates" in body else "/v1/score"
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and "\n" not in err["message"] and "Traceback" not in r.text
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_paths_cannot_leave_the_allowed_dirs(server, data_dir):
+    d, outside = data_dir
+    for p in (d / ".." / outside.parent.name / outside.name, d / "link.mp4", Path(str(d) + "-evil") / "x.mp4"):
+        r = post(server, "/v1/score", {"items": [{"prompt": "p", "context": {"path": str(p)}, "candidate": {"path": str(d / "cand_a.mp4")}}]})
+        assert r.status_code == 403 and "outside the allowed directories" in r.json()["error"]["message"], p
+
+
+def test_size_limits_and_unknown_routes(server):
+    big = {"items": [{"prompt": "x" * (3 * 1024 * 1024), "context": {"data": "AAAA"}, "candidate": {"data": "AAAA"}}]}
+    r = post(server, "/v1/score", big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    many = {"prompt": "p", "context": frames(CTX), "candidates": [{"data": "AAAA"}] * 65}
+    r = post(server, "/v1/score_group", many)
+    assert r.status_code == 413 and "limit is 64" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/nope").json()["error"]["code"] == "not_found"
+    assert httpx.get(server.url + "/v1/score").status_code == 405
+
+
+def test_backpressure_answers_503_with_retry_after(server):
+    seen: list[int] = []
+    retry_after: list[str] = []
+    body = json.dumps({"prompt": "p", "context": frames(CTX), "candidates": [frames(c) for c in CANDS] * 2})
+
+    def hit():
+        r = httpx.post(server.url + "/v1/score_group", content=body, headers={"content-type": "application/json"}, timeout=120)
+        seen.append(r.status_code)
+        if r.status_code == 503:
+            retry_after.append(r.headers.get("retry-after"))
+
+    threads = [threading.Thread(target=hit) for _ in range(16)]  # 16 x 8 items against a queue of 64
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(seen) <= {200, 503} and 200 in seen and 503 in seen, seen
+    assert all(ra == "1" for ra in retry_after)
+    assert "nvrm_rejected_total{reason=\"queue_full\"}" in httpx.get(server.url + "/metrics").text
+
+
+def test_reward_fn_over_http_and_in_process(server, model, expected):
+    fn = make_reward_fn(server.url)
+    got = fn(["p"] * 4, [CTX] * 4, CANDS)  # one context: scored as a group
+    assert all(abs(g - w) <= 2 * bf16_ulp(w) for g, w in zip(got, expected))
+    local = make_reward_fn(model)
+    assert all(abs(g - w) <= 2 * bf16_ulp(w) for g, w in zip(local(["p"] * 4, [CTX] * 4, CANDS), expected))
+    bad = Clip(moving_square(2, 64, 32), fps=1)  # too short to be a candidate
+    with pytest.raises(RewardFnError, match=r"1 of 3 item\(s\) failed: \[1\]"):
+        fn(["p"] * 3, [CTX] * 3, [CANDS[0], bad, CANDS[1]])
+    filled = make_reward_fn(server.url, on_error="nan")(["p"] * 3, [CTX] * 3, [CANDS[0], bad, CANDS[1]])
+    assert math.isnan(filled[1]) and not math.isnan(filled[0])
+
+
+def test_async_client(server, expected):
+    import asyncio
+
+    async def go():
+        c = RewardClient(server.url)
+        res = await asyncio.gather(*(c.ascore([("p", CTX, CANDS[i])]) for i in range(4)))
+        group = await c.ascore_group("p", CTX, [CANDS[3], Clip(moving_square(2, 64, 32), fps=1)])
+        await c.aclose()
+        return res, group
+
+    res, group = asyncio.run(go())
+    assert [r[0].reward for r in res] == pytest.approx(expected, abs=2 * bf16_ulp(expected[0]))
+    assert isinstance(group[1], RemoteItemError) and group[1].code == "contract_violation"
+
+
+def test_auth_and_request_timeout(tiny_bundle):
+    s = Server(tiny_bundle, "--api-key-env", "NVRM_TEST_KEY", "--timeout", "0.001", env={"NVRM_TEST_KEY": "s3cret"})
+    try:
+        assert httpx.get(s.url + "/healthz").status_code == 200  # probes stay open
+        for path in ("/v1/info", "/metrics"):
+            assert httpx.get(s.url + path).status_code == 401
+            assert httpx.get(s.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        good = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(s.url + "/v1/info", headers=good).status_code == 200
+        body = {"items": [{"prompt": "p", "context": frames(CTX), "candidate": frames(CANDS[0])}]}
+        assert post(s, "/v1/score", body).status_code == 401
+        r = post(s, "/v1/score", body, headers=good)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        with pytest.raises(ServiceError, match="504"):
+            RewardClient(s.url, api_key="s3cret", retries=1, backoff=0.01).score([("p", CTX, CANDS[0])])
+    finally:
+        s.stop()
+
+
+def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
+    s = Server(tiny_bundle, "--max-wait-ms", 50)
+    results: list = []
+
+    def hit(i):
+        c = RewardClient(s.url, retries=0)
+        try:
+            results.append(c.score_group("p", CTX, CANDS, errors="raise"))
+        except Exception as e:  # noqa: BLE001
+            results.append(e)
+
+    threads = [threading.Thread(target=hit, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline:  # wait until requests are in flight
+        m = httpx.get(s.url + "/metrics").text
+        depth = [float(line.split()[1]) for line in m.splitlines() if line.startswith("nvrm_queue_depth ")]
+        if depth and depth[0] > 0:
+            break
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(120)
+    assert s.proc.wait(60) == 0
+    assert len(results) == 6 and all(not isinstance(r, Exception) for r in results), results
+    for r in results:
+        assert [x.reward for x in r] == pytest.approx(expected, abs=2 * bf16_ulp(expected[0]))
+    assert "nvrm serve: stopped" in s.output()
+    s.stop()
