@@ -36,9 +36,10 @@ class PairProblem:
     message: str
 
 
-def _path(base: Path, value: object, key: str) -> str:
+def resolve_path(base: Path, value: object, what: str) -> str:
+    """``value`` as a path, relative ones against ``base``; ValueError naming ``what`` if not a path."""
     if not isinstance(value, str) or not value:
-        raise ValueError(f"'{key}' must be a non-empty path string")
+        raise ValueError(f"{what} must be a non-empty path string")
     p = Path(value)
     return str(p if p.is_absolute() else base / p)
 
@@ -62,7 +63,7 @@ def parse_pair(text: str, line: int, base: Path) -> Pair | PairProblem:
     paths = {}
     for key in ("context", "chosen", "rejected"):
         try:
-            paths[key] = _path(base, obj.get(key), key)
+            paths[key] = resolve_path(base, obj.get(key), f"'{key}'")
         except ValueError as e:
             problems.append(str(e))
     if problems:

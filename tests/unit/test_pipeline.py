@@ -54,3 +54,27 @@ def test_batch_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise():
     lines = plain.getvalue().splitlines()
     assert lines[0].startswith("nvrm batch: 4/10 rows,") and "ETA" in lines[0] and lines[-1].startswith("nvrm batch: 10/10 rows")
     assert "\r" not in plain.getvalue()
+
+
+def test_reward_fn_groups_items_that_share_prompt_and_context():
+    import numpy as np
+
+    from nvrm import Clip
+    from nvrm.rewardfn import plan_groups
+
+    clip = Clip(np.zeros((2, 8, 8, 3), np.uint8), fps=1)
+    prompts = ["a", "a", "b", "a", "a", "a"]
+    contexts = ["x.mp4", "x.mp4", "x.mp4", clip, clip, object()]
+    assert plan_groups(prompts, contexts) == [[0, 1], [2], [3, 4], [5]]
+
+
+def test_prometheus_histogram_is_cumulative():
+    from nvrm.serve.metrics import Histogram
+
+    h = Histogram("lat", "latency", (0.1, 1.0))
+    for v in (0.05, 0.5, 0.5, 3.0):
+        h.observe(v, endpoint="/x")
+    text = "\n".join(h.render())
+    assert 'lat_bucket{endpoint="/x",le="0.1"} 1' in text
+    assert 'lat_bucket{endpoint="/x",le="1"} 3' in text
+    assert 'lat_bucket{endpoint="/x",le="+Inf"} 4' in text and 'lat_count{endpoint="/x"} 4' in text

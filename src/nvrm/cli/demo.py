@@ -1,71 +1,60 @@
-"""``nvrm demo``: score sample continuations of one context clip.
+"""``nvrm demo``: rank sample continuations of one context clip.
 
-Without ``--model`` it uses the embedded demo bundle: a small random-weight
-bundle in the release layout, built locally on first use. Its rewards only
-show that the pipeline runs end to end; they carry no preference signal.
+Without ``--model`` it uses the embedded demo model shipped in the package
+(``nvrm/assets/demo-bundle``): a tiny reward model in the exact release layout,
+trained with ``nvrm train`` on the synthetic moving-square task
+(``scripts/train_demo_bundle.py`` rebuilds it). Its rewards judge motion
+continuity in that toy world, not real video.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from ..bundle import cache_dir
+from ..errors import BundleError
 
-DEMO_VERSION = "v1"
-DEMO_LABEL = "DEMO WEIGHTS: random, untrained; rewards show the pipeline runs, not a preference"
+DEMO_LABEL = (
+    "DEMO MODEL: a tiny reward model trained on the synthetic moving-square task; "
+    "it judges motion continuity in that toy world, not real video"
+)
 
 
 def demo_bundle_path() -> Path:
-    return cache_dir() / f"demo-bundle-{DEMO_VERSION}"
+    return Path(__file__).resolve().parents[1] / "assets" / "demo-bundle"
 
 
 def ensure_demo_bundle() -> Path:
-    """Build the demo bundle once (atomically) and return its path."""
-    from ..testing.bundle import TinySpec, build_tiny_bundle
-
-    target = demo_bundle_path()
-    if (target / "RELEASE_MANIFEST.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="demo-bundle.", dir=target.parent))
-    build_tiny_bundle(tmp, TinySpec(seed=7), revision=f"nvrm-demo-{DEMO_VERSION}", label=f"nvrm demo bundle. {DEMO_LABEL}")
-    try:
-        os.replace(tmp, target)
-    except OSError:  # another process won the race
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """The embedded trained demo bundle (verified like any bundle when loaded)."""
+    path = demo_bundle_path()
+    if not (path / "RELEASE_MANIFEST.json").is_file():
+        raise BundleError(f"{path}: the embedded demo bundle is missing; reinstall nvrm or pass --model DIR")
+    return path
 
 
-def write_demo_clips(folder: Path) -> tuple[Path, dict[str, Path]]:
-    """A 10 s context and four 5 s continuations: smooth, frozen, teleporting, reversed."""
-    from ..testing.clips import moving_square, write_video
+def write_demo_clips(folder: Path, seed: int = 424242) -> tuple[Path, dict[str, Path]]:
+    """One held-out synthetic example: a 3 s context and five 5 s continuations."""
+    from ..prefs.synthetic import SynthSpec, make_example
+    from ..testing.clips import write_video
 
     folder.mkdir(parents=True, exist_ok=True)
-    fps, ctx_s, cand_s = 8, 10, 5
-    frames = moving_square((ctx_s + cand_s) * fps, 144, 176, seed=3, speed=2.0)
-    context = write_video(folder / "context.mp4", frames[: ctx_s * fps], fps)
-    cont = frames[ctx_s * fps :]
-    rng = np.random.default_rng(0)
-    variants = {
-        "smooth": cont,
-        "frozen": np.repeat(cont[:1], len(cont), axis=0),
-        "teleport": cont[rng.permutation(len(cont))],
-        "reversed": frames[ctx_s * fps - len(cont) : ctx_s * fps][::-1],
+    spec = SynthSpec()
+    ex = make_example(seed, spec)
+    context = write_video(folder / "context.mp4", ex["context"], spec.fps, options={"crf": "18"})
+    names = {"preferred": "smooth", "freeze": "frozen", "teleport": "teleport", "reverse": "reversed", "flicker": "flicker"}
+    return context, {
+        label: write_video(folder / f"candidate_{label}.mp4", ex[key], spec.fps, options={"crf": "18"})
+        for key, label in names.items()
     }
-    return context, {name: write_video(folder / f"candidate_{name}.mp4", v, fps) for name, v in variants.items()}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="bundle directory; default: the embedded demo bundle")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--prompt", default="A red square glides across a tiled floor.", help="text prompt")
+    p.add_argument("--prompt", default="A square glides across a tiled floor at constant speed.", help="text prompt")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -75,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     demo = args.model is None
     bundle = ensure_demo_bundle() if demo else Path(args.model)
     model = RewardModel.from_pretrained(bundle, device=args.device)
-    context, candidates = write_demo_clips(cache_dir() / "demo-clips")
+    context, candidates = write_demo_clips(cache_dir() / "demo-clips-v2")
     names = list(candidates)
     ranking = model.rank(args.prompt, context, [candidates[n] for n in names])
     rows = [{"candidate": names[e.index], "rank": e.rank, "reward": e.reward} for e in ranking]

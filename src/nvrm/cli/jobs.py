@@ -29,6 +29,12 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
         metavar="ROWS",
         help=f"rows scored between durable writes (default {DEFAULT_FLUSH_EVERY})",
     )
+    ray = p.add_argument_group("Ray (scale past one process or machine)")
+    ray.add_argument("--ray", action="store_true", help="run as a Ray Data pipeline with an actor pool of scorers")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR", help="auto, ray://host:10001, or unset for a local cluster")
+    ray.add_argument("--replicas", type=int, default=1, help="scorer actors (model copies)")
+    ray.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per scorer actor (0 on CPU-only clusters)")
+    ray.add_argument("--cpus-per-preprocess", type=float, default=1.0, help="CPUs per preprocessing task")
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -40,6 +46,29 @@ def run_batch(args: argparse.Namespace) -> int:
         raise InputError(f"--flush-every {args.flush_every}", "must be at least 1")
     output_format(Path(args.output))  # refuse an unknown extension before loading the model
     read_manifest(args.input)  # and a manifest that cannot be read
+    if args.ray:
+        from ..jobs.ray_runner import run_batch_ray
+        from ..scoring import DEFAULT_MAX_BATCH_TOKENS
+
+        if args.replicas < 1:
+            raise InputError(f"--replicas {args.replicas}", "must be at least 1")
+        summary = run_batch_ray(
+            args.input,
+            args.output,
+            bundle=args.model,
+            revision=args.revision,
+            device=args.device,
+            verify=not args.no_verify,
+            max_batch_tokens=args.batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            address=args.ray_address,
+            replicas=args.replicas,
+            gpus_per_replica=args.gpus_per_replica,
+            cpus_per_preprocess=args.cpus_per_preprocess,
+        )
+        print(f"nvrm batch (ray, {args.replicas} replica(s)): {summary.line()}")
+        return 0
     model = load_model(args)
     summary = run(
         model, args.input, args.output, resume=args.resume, overwrite=args.overwrite, flush_every=args.flush_every

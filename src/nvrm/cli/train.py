@@ -26,6 +26,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--lora-rank", type=int, default=d.lora_rank)
     p.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
+    p.add_argument("--lora-vision", action="store_true", help="also adapt the vision tower with LoRA")
     p.add_argument("--tie-margin", type=float, default=None, help="Rao-Kupper tie margin tau (default: ln 2 if there are ties)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--save-every", type=int, default=d.save_every, help="optimizer steps between checkpoints")
@@ -44,7 +45,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(
         epochs=args.epochs, lr=args.lr, head_lr=args.head_lr, batch_pairs=args.batch_pairs, grad_accum=args.grad_accum,
-        warmup_steps=args.warmup_steps, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, tie_margin=args.tie_margin,
+        warmup_steps=args.warmup_steps, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_vision=args.lora_vision, tie_margin=args.tie_margin,
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, dtype=args.dtype,
     )
     out = Path(args.output)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
+from ..pairs import resolve_path
 
 Key = tuple[str, int]
 
@@ -67,13 +68,6 @@ class Unit:
     indices: tuple[int, ...]
 
 
-def _resolve(base: Path, value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty path string")
-    p = Path(value)
-    return str(p if p.is_absolute() else base / p)
-
-
 def parse_line(text: str, line: int, base: Path) -> ManifestRow | RowProblem:
     """Turn one manifest line into a row or a problem that still names its rows."""
     fallback_id = f"line:{line}"
@@ -98,14 +92,14 @@ def parse_line(text: str, line: int, base: Path) -> ManifestRow | RowProblem:
     if group and (not isinstance(cands, list) or not cands):
         problems.append("'candidates' must be a non-empty list of paths")
     try:
-        context = _resolve(base, obj.get("context"), "'context'")
+        context = resolve_path(base, obj.get("context"), "'context'")
     except ValueError as e:
         problems.append(str(e))
         context = ""
     resolved: list[str] = []
     for i, c in enumerate(cands if isinstance(cands, list) else []):
         try:
-            resolved.append(_resolve(base, c, f"'candidates[{i}]'" if group else "'candidate'"))
+            resolved.append(resolve_path(base, c, f"'candidates[{i}]'" if group else "'candidate'"))
         except ValueError as e:
             problems.append(str(e))
     if problems:

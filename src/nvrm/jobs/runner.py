@@ -47,7 +47,7 @@ def result_row(row: ManifestRow | RowProblem, index: int, result: Any, meta: dic
     """One output row for candidate ``index`` of ``row``: a ScoreResult or an error."""
     out = {
         "id": row.id,
-        "candidate_index": index,
+        "candidate_index": int(index),
         "candidate": row.labels[index] if index < len(row.labels) else "",
         "reward": None,
         "error": None,
@@ -119,6 +119,21 @@ def chunk_units(units: Sequence[Unit], rows_per_chunk: int) -> list[list[Unit]]:
     return chunks
 
 
+class Tally:
+    """Writes rows durably and counts them for the progress bar and the summary."""
+
+    def __init__(self, sink, bar: "Progress"):
+        self.sink, self.bar = sink, bar
+        self.scored = self.failed = 0
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self.sink.write(rows)
+        bad = sum(r["error"] is not None for r in rows)
+        self.scored += len(rows) - bad
+        self.failed += bad
+        self.bar.update(len(rows), bad)
+
+
 class Progress:
     """A progress bar on a terminal; plain log lines (every few seconds) otherwise."""
 
@@ -176,18 +191,14 @@ def run_batch(
     try:
         units, skipped = pending(rows, sink.done)
         bar = Progress(sum(len(u.indices) for u in units), progress)
-        scored = failed = 0
+        tally = Tally(sink, bar)
         try:
             for chunk in chunk_units(units, max(1, flush_every)):
-                out = score_units(model, chunk)
-                sink.write(out)
-                bad = sum(r["error"] is not None for r in out)
-                scored += len(out) - bad
-                failed += bad
-                bar.update(len(out), bad)
+                tally.write(score_units(model, chunk))
         finally:
             bar.close()
         sink.finish()
     finally:
         sink.close()
-    return BatchSummary(scored + failed, scored, failed, skipped, time.perf_counter() - t0, str(output))
+    seconds = time.perf_counter() - t0
+    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, seconds, str(output))

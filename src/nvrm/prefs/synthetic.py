@@ -1,13 +1,13 @@
 """A synthetic world-model preference task that trains on a CPU.
 
-Each example is a square moving at constant velocity over a tiled
-background. The context shows the first seconds; the **preferred**
+Each example is a square moving at constant speed over a tiled background,
+bouncing off the walls. The context shows the first seconds; the **preferred**
 continuation keeps the motion, and each **rejected** one breaks physics in
 one way:
 
 - ``freeze``:   the square stops where the context left it;
 - ``teleport``: the square jumps to a random place every second;
-- ``reverse``:  the square moves back the way it came;
+- ``reverse``:  the square moves back the way it came (time runs backwards);
 - ``flicker``:  the motion is right but the square vanishes every other second.
 
 Clips are written as real encoded videos (H.264 in MP4 via PyAV), so training
@@ -35,13 +35,15 @@ class SynthSpec:
     context_seconds: int = 3
     candidate_seconds: int = 5
     square: int = 14
-    speed: tuple[float, float] = (4.0, 6.0)
+    texture: int = 3
+    """Tile contrast of the floor (0 = a plain floor)."""
+    speed: tuple[float, float] = (9.0, 13.0)
     """Range of the square's speed, source pixels per second."""
 
 
 def _background(rng: np.random.Generator, spec: SynthSpec) -> np.ndarray:
     base = rng.integers(50, 120, size=3)
-    tiles = (base + rng.integers(-8, 9, size=(spec.height // 8 + 1, spec.width // 8 + 1, 3))).astype(np.uint8)
+    tiles = (base + rng.integers(-spec.texture, spec.texture + 1, size=(spec.height // 8 + 1, spec.width // 8 + 1, 3))).astype(np.uint8)
     return np.kron(tiles, np.ones((8, 8, 1), dtype=np.uint8))[: spec.height, : spec.width]
 
 
@@ -58,31 +60,31 @@ def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarr
     rng = np.random.default_rng(seed)
     bg = _background(rng, spec)
     color = np.array([rng.integers(200, 256), rng.integers(0, 80), rng.integers(150, 256)], dtype=np.uint8)[rng.permutation(3)]
-    total = spec.context_seconds + spec.candidate_seconds
     limits = np.array([spec.height - spec.square, spec.width - spec.square], dtype=float)
     speed = rng.uniform(*spec.speed)
     angle = rng.uniform(0, 2 * np.pi)
     v = np.array([np.sin(angle), np.cos(angle)]) * speed
-    # choose a start so the whole trajectory stays inside the frame (shrink speed if it cannot)
-    travel = np.abs(v) * total
-    scale = min(1.0, float(np.min(np.where(travel > 0, limits / np.maximum(travel, 1e-9), np.inf))))
-    v = v * scale * 0.95
-    lo = np.where(v < 0, -v * total, 0.0)
-    hi = limits - np.where(v > 0, v * total, 0.0)
-    p0 = rng.uniform(lo, np.maximum(lo, hi))
+    p0 = rng.uniform([0.0, 0.0], limits)
+
+    def at(t: float) -> np.ndarray:
+        """Position at time t, bouncing off the walls (elastic reflection)."""
+        q = np.mod(p0 + v * t, 2 * limits)
+        return np.where(q > limits, 2 * limits - q, q)
+
     n_ctx, n_cand = spec.context_seconds * spec.fps, spec.candidate_seconds * spec.fps
     t_ctx = np.arange(n_ctx) / spec.fps
     t_cand = spec.context_seconds + np.arange(n_cand) / spec.fps
-    context = np.stack([_draw(bg, p0 + v * t, color, spec.square) for t in t_ctx])
-    good = [p0 + v * t for t in t_cand]
-    end = p0 + v * t_ctx[-1]
+    t_end = t_ctx[-1]
+    context = np.stack([_draw(bg, at(t), color, spec.square) for t in t_ctx])
+    good = [at(t) for t in t_cand]
+    end = at(t_end)
     jumps = rng.uniform(0, limits, size=(spec.candidate_seconds, 2))
     out = {
         "context": context,
         "preferred": np.stack([_draw(bg, p, color, spec.square) for p in good]),
         "freeze": np.stack([_draw(bg, end, color, spec.square) for _ in t_cand]),
         "teleport": np.stack([_draw(bg, jumps[int(k // spec.fps)], color, spec.square) for k in range(n_cand)]),
-        "reverse": np.stack([_draw(bg, end - v * (t - t_ctx[-1]), color, spec.square) for t in t_cand]),
+        "reverse": np.stack([_draw(bg, at(2 * t_end - t), color, spec.square) for t in t_cand]),
         "flicker": np.stack(
             [_draw(bg, p, color, spec.square, visible=int(k // spec.fps) % 2 == 0) for k, p in enumerate(good)]
         ),

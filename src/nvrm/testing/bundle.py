@@ -79,6 +79,8 @@ class TinySpec:
     head_dim: int = 16
     intermediate_size: int = 128
     mrope_section: tuple[int, int, int] = (2, 3, 3)
+    rope_theta: float = 5000000.0
+    """The release's value; tiny head dims resolve positions better with a small one."""
     vision_depth: int = 2
     vision_hidden: int = 32
     vision_heads: int = 2
@@ -198,7 +200,7 @@ def build_config(spec: TinySpec, tokenizer):
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=262144,
-        rope_theta=5000000.0,
+        rope_theta=spec.rope_theta,
         rope_scaling={"rope_type": "default", "mrope_section": list(spec.mrope_section), "mrope_interleaved": True},
         tie_word_embeddings=True,
         bos_token_id=ids["<|endoftext|>"],

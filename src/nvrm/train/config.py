@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import InputError
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+VISION_LORA_TARGETS = ("qkv", "proj", "linear_fc1", "linear_fc2")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class TrainConfig:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_vision: bool = False
+    """Also put LoRA adapters on the vision tower (attention and MLP projections, patch embedding)."""
     tie_margin: float | None = None
     """Rao-Kupper tau; default 0 (plain Bradley-Terry) without ties, ln 2 with ties."""
     seed: int = 0

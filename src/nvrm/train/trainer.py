@@ -28,7 +28,7 @@ from ..pairs import Pair, PairProblem, read_pairs
 from ..report.evaluate import PairOutcome, summarize
 from ..scoring import RewardModel, default_device
 from .checkpoint import latest_checkpoint, load_optimizer, read_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import VISION_LORA_TARGETS, TrainConfig
 from .export import base_dtype, export_bundle
 from .loss import pair_loss
 
@@ -58,6 +58,7 @@ class Trainer:
     ):
         self.cfg = config
         self.output = Path(output)
+        self.output.mkdir(parents=True, exist_ok=True)
         self.log_stream = log_stream or sys.stderr
         self.device = torch.device(device) if device is not None else default_device()
         dtype_name = config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
@@ -81,6 +82,17 @@ class Trainer:
             bias="none",
         )
         self.rm.backbone.language_model = get_peft_model(self.rm.backbone.language_model, lora)
+        self.adapted = ["language_model"]
+        if config.lora_vision:
+            vision = LoraConfig(
+                r=config.lora_rank,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=list(VISION_LORA_TARGETS),
+                bias="none",
+            )
+            self.rm.backbone.visual = get_peft_model(self.rm.backbone.visual, vision)
+            self.adapted.append("visual")
         self.lora_params = [p for p in self.rm.backbone.parameters() if p.requires_grad]
         if not self.lora_params:
             raise InputError(f"lora_targets={list(config.lora_targets)}", "matched no layer of the language model")
@@ -192,7 +204,11 @@ class Trainer:
     def _adapter_state(self) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 
-        return get_peft_model_state_dict(self.rm.backbone.language_model)
+        out = {}
+        for name in self.adapted:
+            for k, v in get_peft_model_state_dict(getattr(self.rm.backbone, name)).items():
+                out[f"{name}/{k}"] = v
+        return out
 
     def _head_state(self) -> dict[str, torch.Tensor]:
         d = {"weight": self.head.weight}
@@ -225,10 +241,12 @@ class Trainer:
             return False
         ck = read_checkpoint(path)
         saved = ck["state"]["config"]
-        for key in ("lora_rank", "lora_alpha", "lora_targets", "batch_pairs", "grad_accum", "seed", "epochs"):
+        for key in ("lora_rank", "lora_alpha", "lora_targets", "lora_vision", "batch_pairs", "grad_accum", "seed", "epochs"):
             if saved.get(key) != self.cfg.to_dict().get(key):
                 raise InputError(str(path), f"was trained with {key}={saved.get(key)!r}, not {self.cfg.to_dict().get(key)!r}; resume with the same settings")
-        set_peft_model_state_dict(self.rm.backbone.language_model, {k: v.to(self.device) for k, v in ck["adapter"].items()})
+        for name in self.adapted:
+            part = {k.split("/", 1)[1]: v.to(self.device) for k, v in ck["adapter"].items() if k.startswith(name + "/")}
+            set_peft_model_state_dict(getattr(self.rm.backbone, name), part)
         with torch.no_grad():
             self.head.weight.copy_(ck["head"]["weight"])
             if self.head.bias is not None:
@@ -307,7 +325,7 @@ class Trainer:
                         tie = torch.tensor([p.pair.tie for p in chunk], device=d.device)
                         loss = pair_loss(d, tie, self.tau)
                         (loss * len(chunk) / sum(len(g) for g in group)).backward()
-                        losses.append(float(loss) * len(chunk))
+                        losses.append(float(loss.detach()) * len(chunk))
                         ds += d.detach().float().cpu().tolist()
                         ties += [p.pair.tie for p in chunk]
                     if not ds:  # every pair of this step failed to prepare (reported above)
@@ -365,9 +383,10 @@ class Trainer:
         """Merge LoRA into the backbone and return the runtime model with exactly the
         weights the export stores (parameters in the export dtype; buffers such as
         the rotary frequencies stay as the runtime creates them)."""
-        lm = self.rm.backbone.language_model
-        if hasattr(lm, "merge_and_unload"):
-            self.rm.backbone.language_model = lm.merge_and_unload()
+        for name in self.adapted:
+            module = getattr(self.rm.backbone, name)
+            if hasattr(module, "merge_and_unload"):
+                setattr(self.rm.backbone, name, module.merge_and_unload())
         backbone = self.rm.backbone.eval()
         backbone.requires_grad_(False)
         for param in backbone.parameters():
