@@ -22,11 +22,9 @@ from pathlib import Path
 from nvrm.cli.main import main as nvrm
 from nvrm.testing.bundle import TinySpec, build_tiny_bundle
 
-DEMO_BASE = TinySpec(
-    hidden_size=128, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=16, intermediate_size=256, rope_theta=100.0, seed=7
-)
-TASK = dict(train=600, eval=25, seed=0)
-TRAIN = ["--epochs", "2", "--batch-pairs", "8", "--lr", "1e-3", "--eval-every", "50"]
+DEMO_BASE = TinySpec(seed=7)
+TASK = dict(train=300, eval=25, seed=0)
+TRAIN = ["--epochs", "3", "--batch-pairs", "8", "--lr", "1e-3", "--eval-every", "50"]
 ASSET = Path(__file__).resolve().parents[1] / "src" / "nvrm" / "assets" / "demo-bundle"
 
 

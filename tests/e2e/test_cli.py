@@ -78,10 +78,18 @@ def test_download_offline_fails_fast_with_one_line(tmp_path, capsys):
     assert err.startswith("nvrm: error: cannot download Efficient-Large-Model/WORL-NVRM@0123456789") and "\n" not in err
 
 
-def test_demo_runs_on_embedded_bundle(capsys):
+def test_demo_runs_on_the_embedded_trained_bundle(capsys):
+    from nvrm.bundle import verify_bundle
+    from nvrm.cli.demo import demo_bundle_path
+
+    report = verify_bundle(demo_bundle_path())  # shipped with its manifest; every file checks out
+    assert report.revision.startswith("nvrm-train-")
+    training = json.loads((demo_bundle_path() / "nvrm_training.json").read_text())
+    assert training["summary"]["eval_before_export"]["n"] == 100
     assert main(["demo", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["demo_weights"] is True
-    assert sorted(r["candidate"] for r in out["results"]) == ["frozen", "reversed", "smooth", "teleport"]
-    assert sorted(r["rank"] for r in out["results"]) == [1, 2, 3, 4]
-    assert all(np.isfinite(r["reward"]) for r in out["results"])
+    assert out["demo_weights"] is True and out["bundle"] == str(demo_bundle_path())
+    assert sorted(r["candidate"] for r in out["results"]) == ["flicker", "frozen", "reversed", "smooth", "teleport"]
+    assert sorted(r["rank"] for r in out["results"]) == [1, 2, 3, 4, 5]
+    rewards = [r["reward"] for r in out["results"]]
+    assert all(np.isfinite(rewards)) and len(set(rewards)) > 1  # trained: the rewards are not flat

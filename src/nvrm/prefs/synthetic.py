@@ -1,7 +1,7 @@
 """A synthetic world-model preference task that trains on a CPU.
 
-Each example is a square moving at constant speed over a tiled background,
-bouncing off the walls. The context shows the first seconds; the **preferred**
+Each example is a square moving in a straight line at constant speed over a
+tiled floor. The context shows the first seconds; the **preferred**
 continuation keeps the motion, and each **rejected** one breaks physics in
 one way:
 
@@ -35,9 +35,9 @@ class SynthSpec:
     context_seconds: int = 3
     candidate_seconds: int = 5
     square: int = 14
-    texture: int = 3
+    texture: int = 8
     """Tile contrast of the floor (0 = a plain floor)."""
-    speed: tuple[float, float] = (9.0, 13.0)
+    speed: tuple[float, float] = (4.0, 6.0)
     """Range of the square's speed, source pixels per second."""
 
 
@@ -61,15 +61,18 @@ def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarr
     bg = _background(rng, spec)
     color = np.array([rng.integers(200, 256), rng.integers(0, 80), rng.integers(150, 256)], dtype=np.uint8)[rng.permutation(3)]
     limits = np.array([spec.height - spec.square, spec.width - spec.square], dtype=float)
+    total = spec.context_seconds + spec.candidate_seconds
     speed = rng.uniform(*spec.speed)
     angle = rng.uniform(0, 2 * np.pi)
     v = np.array([np.sin(angle), np.cos(angle)]) * speed
-    p0 = rng.uniform([0.0, 0.0], limits)
+    # slow down if needed so the whole straight path (context + continuation) stays inside the floor
+    travel = np.abs(v) * total
+    v = v * min(1.0, float(np.min(limits / np.maximum(travel, 1e-9)))) * 0.95
+    lo = np.where(v < 0, -v * total, 0.0)
+    p0 = rng.uniform(lo, np.maximum(lo, limits - np.where(v > 0, v * total, 0.0)))
 
     def at(t: float) -> np.ndarray:
-        """Position at time t, bouncing off the walls (elastic reflection)."""
-        q = np.mod(p0 + v * t, 2 * limits)
-        return np.where(q > limits, 2 * limits - q, q)
+        return p0 + v * t
 
     n_ctx, n_cand = spec.context_seconds * spec.fps, spec.candidate_seconds * spec.fps
     t_ctx = np.arange(n_ctx) / spec.fps
