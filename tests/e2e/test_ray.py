@@ -5,10 +5,9 @@ import math
 import shutil
 
 import pytest
+import ray  # installed by the test extra: these tests run in CI, never skipped
 
 from nvrm.cli.main import main
-
-ray = pytest.importorskip("ray", reason="Ray is installed by the test extra; it must not be skipped in CI")
 
 
 def bf16_ulp(x: float) -> float:
