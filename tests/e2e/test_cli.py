@@ -85,7 +85,7 @@ def test_demo_runs_on_the_embedded_trained_bundle(capsys):
     report = verify_bundle(demo_bundle_path())  # shipped with its manifest; every file checks out
     assert report.revision.startswith("nvrm-train-")
     training = json.loads((demo_bundle_path() / "nvrm_training.json").read_text())
-    assert training["summary"]["eval_before_export"]["n"] == 100
+    assert training["summary"]["eval_before_export"]["n"] == 200
     assert main(["demo", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["demo_weights"] is True and out["bundle"] == str(demo_bundle_path())
@@ -93,3 +93,20 @@ def test_demo_runs_on_the_embedded_trained_bundle(capsys):
     assert sorted(r["rank"] for r in out["results"]) == [1, 2, 3, 4, 5]
     rewards = [r["reward"] for r in out["results"]]
     assert all(np.isfinite(rewards)) and len(set(rewards)) > 1  # trained: the rewards are not flat
+    assert out["results"][0]["candidate"] == "smooth"  # the continuation that keeps moving wins
+
+
+def test_embedded_demo_model_beats_the_bar_on_fresh_held_out_clips(tmp_path):
+    """New synthetic examples (a seed the model never saw): pairwise accuracy well above chance."""
+    from nvrm import RewardModel
+    from nvrm.cli.demo import demo_bundle_path
+    from nvrm.prefs.synthetic import write_task
+
+    files = write_task(tmp_path, n_train=0, n_eval=15, seed=99)
+    model = RewardModel.from_pretrained(demo_bundle_path(), device="cpu")
+    base = files["eval"].parent
+    right = []
+    for row in map(json.loads, files["eval"].read_text().splitlines()):
+        chosen, rejected = model.score_group(row["prompt"], base / row["context"], [base / row["chosen"], base / row["rejected"]])
+        right.append(chosen.reward > rejected.reward)
+    assert len(right) == 60 and sum(right) / len(right) >= 0.85, sum(right)
