@@ -95,8 +95,9 @@ def test_ties_train_with_the_rao_kupper_loss(tiny_bundle, task, tmp_path):
         make(tiny_bundle, tmp_path / "zero", epochs=1, tie_margin=0.0).train(t.load_pairs(tied, "training"))
 
 
-def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path):
-    t = make(tiny_bundle, tmp_path / "run", epochs=1)
+@pytest.mark.parametrize("lora_vision", [False, True])
+def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path, lora_vision):
+    t = make(tiny_bundle, tmp_path / "run", epochs=1, lora_vision=lora_vision)
     pairs = t.load_pairs(task["train"], "training")
     t.train(pairs)
     bundle, merged = t.export(tmp_path / "bundle", task["train"], None, {"note": "test"})
