@@ -112,7 +112,7 @@ def make_reward_fn(
         failures = {i: str(r) for i, r in enumerate(results) if isinstance(r, BaseException)}
         if failures and on_error == "raise":
             raise RewardFnError(failures, len(results))
-        fill = math.nan if on_error == "nan" else float(on_error) if failures else 0.0
+        fill = math.nan if on_error in ("nan", "raise") else float(on_error)  # "raise" never reaches a fill
         return [fill if isinstance(r, BaseException) else float(r.reward) for r in results]
 
     return fn

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union
@@ -337,7 +338,11 @@ class RewardModel:
         """
         if not isinstance(prompt, str):
             raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
-        futures = self.pool.map_ordered(lambda c: prepare_input(c, "candidate", self.contract), list(candidates))
+        # already-prepared candidates (e.g. from the service) need no pool round trip
+        futures = [
+            _done(c) if isinstance(c, PreparedVideo) else self.pool.submit(prepare_input, c, "candidate", self.contract)
+            for c in candidates
+        ]
         try:
             ctx = prepare_input(context, "context", self.contract)
         except NvrmError:
@@ -396,6 +401,12 @@ class RewardModel:
             "dtype": str(self.backbone.dtype).replace("torch.", ""),
             "contract": self.contract.fingerprint,
         }
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 def _default_attention(device: torch.device) -> str:

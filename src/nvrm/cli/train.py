@@ -49,6 +49,8 @@ def run_train(args: argparse.Namespace) -> int:
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, dtype=args.dtype,
     )
     out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError(str(out), "is a file; --output must be a folder")
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise InputError(str(out), "is not empty; pass --resume to continue a run or choose a new folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -108,8 +110,14 @@ def run_filter(args: argparse.Namespace) -> int:
     path = Path(args.input)
     if not path.is_file():
         raise InputError(str(path), "judgments file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(str(path), f"judgments file is not UTF-8 text ({e.reason})") from e
+    except OSError as e:
+        raise InputError(str(path), f"cannot read judgments file ({e.strerror})") from e
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -74,14 +74,12 @@ def _video_from(rec: dict[str, Any]):
     return PreparedVideo(tuple(Image.fromarray(f) for f in rec["frames"]), tuple(rec["times"]), rec["source"], rec["role"], rec["contract"])
 
 
-def make_prepare(contract_json: str):
+def make_prepare(contract):
     """CPU task body: apply the contract to a unit's context and candidates."""
 
     def prepare(rec: dict[str, Any]) -> dict[str, Any]:
-        from ..contract import Contract
         from ..inputs import prepare_input
 
-        contract = Contract.from_dict(json.loads(contract_json))
         out = dict(rec)
         out["context_error"] = ""
         out["prepared_context"] = {}
@@ -204,7 +202,7 @@ def run_batch_ray(
                 ctx = ray.data.DataContext.get_current()
                 ctx.enable_progress_bars = False
                 ds = ray.data.from_items([unit_record(u) for u in units], override_num_blocks=max(1, min(len(units), 4 * replicas)))
-                ds = ds.map(make_prepare(contract.to_json()), num_cpus=cpus_per_preprocess)
+                ds = ds.map(make_prepare(contract), num_cpus=cpus_per_preprocess)
                 ds = ds.map_batches(
                     Scorer,
                     fn_constructor_kwargs={

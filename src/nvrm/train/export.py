@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from ..bundle import INDEX_FILE, MANIFEST_NAMES, backbone_files, write_backbone, write_manifest
 
 HEAD_FILE = "nvrm_head.safetensors"
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 # never carried over: weights (rewritten), manifests (rewritten), pickle-based files (never)
 _SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
@@ -24,8 +25,8 @@ def base_dtype(base: Path) -> torch.dtype:
     from safetensors import safe_open
 
     with safe_open(str(backbone_files(base)[0]), framework="pt") as f:
-        key = next(iter(f.keys()))
-        return f.get_tensor(key).dtype
+        stored = f.get_slice(next(iter(f.keys()))).get_dtype()  # from the header: no tensor is read
+    return _SAFETENSORS_DTYPES[stored]
 
 
 def copy_assets(base: Path, out: Path) -> list[str]:
