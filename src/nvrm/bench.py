@@ -122,13 +122,12 @@ def _timed(fn, device):
 
 def bench_preprocessing(model, files: list[Path]) -> dict:
     """frames/s of the reference pipeline vs the runtime's pooled pipeline, and bit-identity."""
-    from .inputs import prepare_input
     from .testing.reference import reference_images
 
     roles = ["context"] + ["candidate"] * (len(files) - 1)
     ref, t_ref = _timed(lambda: [reference_images(f, r, model.contract) for f, r in zip(files, roles)], torch.device("cpu"))
     ours, t_ours = _timed(
-        lambda: [f.result() for f in model.pool.map_ordered(lambda fr: prepare_input(fr[0], fr[1], model.contract), list(zip(files, roles)))],
+        lambda: [f.result() for f in [model.engine.submit_video(f, r) for f, r in zip(files, roles)]],
         torch.device("cpu"),
     )
     n = sum(len(imgs) for imgs, _ in ref)
@@ -141,7 +140,7 @@ def bench_preprocessing(model, files: list[Path]) -> dict:
         "pooled_frames_per_s": n / t_ours,
         "speedup": t_ref / t_ours,
         "bit_identical": identical,
-        "workers": model.pool.workers,
+        "workers": model.engine.workers,
     }
 
 

@@ -31,6 +31,9 @@ class InputError(NvrmError, ValueError):
         where = f"{role} {source}" if role else source
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self):  # survive the trip back from a worker process
+        return (type(self), (self.source, self.reason, self.role))
+
     def with_role(self, role: str) -> "InputError":
         """The same error, saying which slot (context/candidate) the input filled."""
         if self.role is not None:
@@ -53,3 +56,20 @@ class IntegrityError(BundleError):
 
 class DownloadError(NvrmError):
     """Fetching a bundle from the Hugging Face Hub failed."""
+
+
+class InternalError(NvrmError):
+    """An unexpected failure while handling one item: reported in its slot, never zero-filled."""
+
+    @classmethod
+    def wrap(cls, e: BaseException) -> "InternalError":
+        """The one-line form every caller uses for an unexpected exception."""
+        return cls(f"internal error: {type(e).__name__}: {e}")
+
+
+class LimitError(InputError):
+    """An input would exceed one of the work limits (``nvrm.Limits``); the message names it."""
+
+
+class ConfigError(NvrmError, ValueError):
+    """A setting (contract field, limit, load or service option) has an invalid value."""

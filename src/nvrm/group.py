@@ -5,16 +5,18 @@ preceding context. The sequence of item g is ``prefix + suffix_g`` where the
 prefix (chat header, prompt, context frames, "Candidate continuation:" text)
 is identical for all g. So:
 
-1. the context frames go through the image processor and the vision tower once;
-2. the language model runs over the prefix once, keeping its KV cache;
-3. all suffixes (candidate frames + closing tokens) run as one batch against
-   that cache, expanded per candidate, with the 3-D multimodal position ids
-   and deepstack features each full sequence would have had.
+1. the context frames go through the vision tower once, and the language
+   model runs over the prefix once, keeping its KV cache (``prefill``);
+2. the suffixes (candidate frames + closing tokens) run in batches against
+   that cache, expanded per row, with the 3-D positions and deepstack
+   features each full sequence would have had (``score_suffixes``). A batch
+   holds suffixes of one length only, so no row carries padding.
 
 The result equals scoring each item alone (same tokens, same positions, same
-visual features); only floating-point reduction order differs.
+visual features); only floating-point reduction order differs (README,
+"Fidelity").
 
-Shapes: G candidates, P prefix tokens, S suffix tokens (right-padded), H hidden.
+Shapes: G candidates, P prefix tokens, S suffix tokens, H hidden.
 """
 
 from __future__ import annotations
@@ -23,170 +25,126 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from PIL import Image
 from transformers import DynamicCache
 
 from .batching import plan_batches
-from .contract import Contract
-from .prompt import images_kwargs, render
-from .model import RewardHead
+from .engine.encode import GroupEncoded
+from .model import RewardHead, embed, image_features, to_device
 
 
-@dataclass(frozen=True)
-class GroupEncoded:
-    """Model inputs for one group; ``ids[g]`` is candidate g's full sequence."""
+@dataclass
+class Prefix:
+    """The prefix's KV cache on the device, reusable across chunks of one group."""
 
-    ids: list[torch.Tensor]  # G x [P + S_g]
-    prefix_len: int  # P
-    context_pixels: torch.Tensor  # [patches, C]
-    context_grid: torch.Tensor  # [n_ctx, 3]
-    candidate_pixels: list[torch.Tensor]  # G x [patches_g, C]
-    candidate_grids: list[torch.Tensor]  # G x [n_cand, 3]
+    ids: torch.Tensor  # [P] token ids (CPU), to check a later chunk shares it
+    positions: torch.Tensor  # [3, P]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [1, kv_heads, P, d]
 
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[0])
 
-def _expand_image_tokens(text: str, grids: torch.Tensor, image_token: str, merge: int) -> str:
-    """What the processor does to the text: one <|image_pad|> per merged patch."""
-    parts = text.split(image_token)
-    if len(parts) - 1 != grids.shape[0]:
-        raise ValueError(f"template has {len(parts) - 1} image slots for {grids.shape[0]} images")
-    counts = (grids.prod(-1) // (merge * merge)).tolist()
-    return parts[0] + "".join(image_token * n + rest for n, rest in zip(counts, parts[1:]))
-
-
-def encode_group(
-    processor,
-    prompt: str,
-    context: Sequence[Image.Image],
-    candidates: Sequence[Sequence[Image.Image]],
-    contract: Contract,
-) -> GroupEncoded:
-    """Tokenise every full sequence but run the image processor on the context once."""
-    ip = processor.image_processor
-    kw = images_kwargs(contract)
-    ctx = ip(images=list(context), return_tensors="pt", **kw)
-    image_token = processor.image_token
-    vision_start = processor.tokenizer.convert_tokens_to_ids(processor.vision_start_token)
-    ids, pixels, grids = [], [], []
-    texts: dict[int, str] = {}
-    for frames in candidates:
-        cand = ip(images=list(frames), return_tensors="pt", **kw)
-        if len(frames) not in texts:
-            texts[len(frames)] = render(processor, prompt, len(context), len(frames), contract)
-        text = _expand_image_tokens(
-            texts[len(frames)], torch.cat([ctx["image_grid_thw"], cand["image_grid_thw"]]), image_token, ip.merge_size
+    def matches(self, enc: GroupEncoded) -> bool:
+        return enc.prefix_len == self.length and torch.equal(enc.ids[0][: self.length], self.ids) and torch.equal(
+            enc.positions[0][:, : self.length], self.positions
         )
-        ids.append(processor.tokenizer(text, return_tensors="pt", padding=False)["input_ids"][0])
-        pixels.append(cand["pixel_values"])
-        grids.append(cand["image_grid_thw"])
-    # Prefix = everything before the first candidate image's <|vision_start|>.
-    starts = (ids[0] == vision_start).nonzero().flatten()
-    prefix_len = int(starts[len(context)])
-    for seq in ids[1:]:
-        if not torch.equal(seq[:prefix_len], ids[0][:prefix_len]):  # pragma: no cover - a template bug
-            raise RuntimeError("candidate sequences do not share the context prefix")
-    return GroupEncoded(ids, prefix_len, ctx["pixel_values"], ctx["image_grid_thw"], pixels, grids)
-
-
-def _positions(backbone, enc: GroupEncoded, pad_id: int) -> torch.Tensor:
-    """[3, G, P + S_max] positions of the full, right-padded sequences."""
-    width = max(len(s) for s in enc.ids)
-    ids = torch.full((len(enc.ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for g, seq in enumerate(enc.ids):
-        ids[g, : len(seq)] = seq
-        mask[g, : len(seq)] = 1
-    grids = torch.cat([torch.cat([enc.context_grid, cg]) for cg in enc.candidate_grids])
-    pos, _ = backbone.get_rope_index(ids, grids, None, mask)
-    return pos
-
-
-def _tokens_per_image(grid: torch.Tensor, merge: int) -> int:
-    return int((grid.prod(-1) // (merge * merge)).sum())
 
 
 @torch.inference_mode()
-def forward_group(
-    backbone,
-    head: RewardHead,
-    enc: GroupEncoded,
-    *,
-    pad_id: int,
-    device: torch.device,
-    max_batch_tokens: int,
-    normalize_hidden: bool = False,
-) -> list[float]:
-    """Rewards for every candidate of a group, reusing the prefix's KV cache."""
+def prefill(backbone, enc: GroupEncoded, *, device: torch.device, vision=None) -> Prefix:
+    """Vision tower on the context and one language-model pass over the prefix."""
     lm = backbone.language_model
-    image_token_id = backbone.config.image_token_id
-    merge = backbone.visual.spatial_merge_size
     P = enc.prefix_len
-    positions = _positions(backbone, enc, pad_id).to(device)  # [3, G, P + S_max]
-
-    # Vision tower: context once, all candidates in one call.
-    ctx_embeds, ctx_deep = backbone.get_image_features(enc.context_pixels.to(device), enc.context_grid.to(device))
-    cand_grid_all = torch.cat(enc.candidate_grids)
-    cand_embeds, cand_deep = backbone.get_image_features(torch.cat(enc.candidate_pixels).to(device), cand_grid_all.to(device))
-    cand_embeds = torch.cat(cand_embeds)
-    counts = [_tokens_per_image(g, merge) for g in enc.candidate_grids]
-    offsets = [0]
-    for n in counts:
-        offsets.append(offsets[-1] + n)
-
-    # Prefix: one forward, cache kept.
-    prefix_ids = enc.ids[0][:P].unsqueeze(0).to(device)  # [1, P]
-    embeds = lm.embed_tokens(prefix_ids)
-    prefix_mask = prefix_ids == image_token_id  # [1, P]
-    embeds = embeds.masked_scatter(prefix_mask.unsqueeze(-1), torch.cat(ctx_embeds).to(embeds.dtype))
+    ids = enc.ids[0][:P]
+    positions = enc.positions[0][:, :P]
+    embeds, mask, deepstack = embed(
+        backbone, vision, to_device(ids.unsqueeze(0), device), to_device(enc.context_pixels, device), enc.context_grid, enc.codec
+    )
     cache = DynamicCache(config=lm.config)
     lm(
         inputs_embeds=embeds,
         attention_mask=torch.ones((1, P), dtype=torch.long, device=device),
-        position_ids=positions[:, :1, :P],
+        position_ids=to_device(positions.unsqueeze(1), device),
         past_key_values=cache,
         use_cache=True,
-        visual_pos_masks=prefix_mask,
-        deepstack_visual_embeds=ctx_deep,
+        visual_pos_masks=mask,
+        deepstack_visual_embeds=deepstack,
     )
-    prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
+    return Prefix(ids, positions, [(layer.keys, layer.values) for layer in cache.layers])
 
-    rewards: list[float] = [0.0] * len(enc.ids)
+
+def plan_suffix_batches(suffix_lens: Sequence[int], prefix_len: int, max_batch_tokens: int) -> list[list[int]]:
+    """Rows grouped by equal suffix length, each batch within the key-position budget (pure).
+
+    A row attends to ``prefix_len + S`` key positions; a batch holds at most
+    ``max_batch_tokens`` of them (one row always runs, even over budget).
+    """
+    by_len: dict[int, list[int]] = {}
+    for i, s in enumerate(suffix_lens):
+        by_len.setdefault(s, []).append(i)
+    batches: list[list[int]] = []
+    for s in sorted(by_len, reverse=True):
+        for b in plan_batches([prefix_len + s] * len(by_len[s]), max_batch_tokens):
+            batches.append(sorted(by_len[s][k] for k in b))
+    return batches
+
+
+@torch.inference_mode()
+def score_suffixes(
+    backbone,
+    head: RewardHead,
+    prefix: Prefix,
+    enc: GroupEncoded,
+    *,
+    device: torch.device,
+    max_batch_tokens: int,
+    vision=None,
+    normalize_hidden: bool = False,
+) -> list[float]:
+    """Rewards of every candidate of ``enc`` against ``prefix``, in candidate order."""
+    lm = backbone.language_model
+    image_token_id = backbone.config.image_token_id
+    P = prefix.length
+    G = len(enc.ids)
     suffix_lens = [len(s) - P for s in enc.ids]
-    # Budget: each suffix token attends to P + S keys; count the suffix tokens plus the expanded prefix.
-    for chunk in plan_batches([s + P for s in suffix_lens], max_batch_tokens):
-        chunk = sorted(chunk)
-        g = len(chunk)
-        S = max(suffix_lens[i] for i in chunk)
-        ids = torch.full((g, S), pad_id, dtype=torch.long)
-        valid = torch.zeros((g, S), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            ids[row, : suffix_lens[i]] = enc.ids[i][P:]
-            valid[row, : suffix_lens[i]] = 1
-        ids, valid = ids.to(device), valid.to(device)
+
+    # Vision tower: all candidates of this chunk in one call.
+    cand_pixels = to_device(torch.cat(enc.candidate_pixels), device)
+    features, deep = image_features(backbone, vision, cand_pixels, torch.cat(enc.candidate_grids), enc.codec)
+    merge = backbone.config.vision_config.spatial_merge_size
+    counts = [int((g.prod(-1) // (merge * merge)).sum()) for g in enc.candidate_grids]
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + n)
+
+    rewards: list[float] = [0.0] * G
+    for rows in plan_suffix_batches(suffix_lens, P, max_batch_tokens):
+        g, S = len(rows), suffix_lens[rows[0]]
+        ids = to_device(torch.stack([enc.ids[i][P:] for i in rows]), device)  # [g, S]
+        positions = to_device(torch.stack([enc.positions[i][:, P:] for i in rows], dim=1), device)  # [3, g, S]
         embeds = lm.embed_tokens(ids)
-        vis_mask = (ids == image_token_id) & valid.bool()  # [g, S]
-        picked = torch.cat([cand_embeds[offsets[i] : offsets[i + 1]] for i in chunk]).to(embeds.dtype)
-        embeds = embeds.masked_scatter(vis_mask.unsqueeze(-1), picked)
-        deep = [torch.cat([layer[offsets[i] : offsets[i + 1]] for i in chunk]) for layer in cand_deep]
-        cache_g = DynamicCache(
-            ddp_cache_data=[(k.expand(g, -1, -1, -1), v.expand(g, -1, -1, -1)) for k, v in prefix_kv],
+        vis_mask = ids == image_token_id
+        picked = torch.cat([features[offsets[i] : offsets[i + 1]] for i in rows]).to(embeds.dtype)
+        embeds = embeds.masked_scatter(vis_mask.unsqueeze(-1).expand_as(embeds), picked)
+        deepstack = [torch.cat([layer[offsets[i] : offsets[i + 1]] for i in rows]) for layer in deep]
+        cache = DynamicCache(
+            ddp_cache_data=[(k.expand(g, -1, -1, -1), v.expand(g, -1, -1, -1)) for k, v in prefix.kv],
             config=lm.config,
         )
-        rows = torch.tensor(chunk, device=device)
         out = lm(
             inputs_embeds=embeds,
-            attention_mask=torch.cat([torch.ones((g, P), dtype=torch.long, device=device), valid], dim=1),
-            position_ids=positions[:, rows, P : P + S],
-            past_key_values=cache_g,
+            attention_mask=torch.ones((g, P + S), dtype=torch.long, device=device),
+            position_ids=positions,
+            past_key_values=cache,
             cache_position=torch.arange(P, P + S, device=device),
             use_cache=True,
             visual_pos_masks=vis_mask,
-            deepstack_visual_embeds=deep,
+            deepstack_visual_embeds=deepstack,
         )
-        last_idx = torch.tensor([suffix_lens[i] - 1 for i in chunk], device=device)
-        last = out.last_hidden_state[torch.arange(g, device=device), last_idx]
+        last = out.last_hidden_state[:, -1]  # every row ends at S - 1: no padding
         if normalize_hidden:
             last = torch.nn.functional.normalize(last.float(), dim=-1)
-        for i, r in zip(chunk, head(last).float().cpu().tolist()):
+        for i, r in zip(rows, head(last).float().cpu().tolist()):
             rewards[i] = float(r)
-        del cache_g, out
+        del cache, out
     return rewards

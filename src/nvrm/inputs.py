@@ -27,9 +27,19 @@ from .video.frames import array_to_image, prepare_frame, to_rgb
 from .video.sampling import SamplePlan, plan_candidate, plan_context
 
 
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor, recognised without importing torch here."""
+    return hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "dtype")
+
+
 @dataclass(frozen=True, eq=False)
 class Clip:
-    """Decoded frames in memory: uint8 ``(T, H, W, 3)`` at ``fps`` frames per second."""
+    """Decoded frames in memory: uint8 ``(T, H, W, 3)`` at ``fps`` frames per second.
+
+    A torch tensor stays where it is (a GPU tensor straight from a world
+    model's decoder included): only the frames the contract samples are ever
+    copied to the host.
+    """
 
     frames: Any
     """NumPy array or torch tensor of shape (T, H, W, 3), dtype uint8, RGB."""
@@ -40,16 +50,17 @@ class Clip:
 
     def __post_init__(self) -> None:
         frames = self.frames
-        if hasattr(frames, "detach") and hasattr(frames, "cpu"):  # torch.Tensor, without importing torch here
-            frames = frames.detach().cpu().numpy()
-        frames = np.asarray(frames)
-        if frames.dtype != np.uint8:
-            raise InputError(self.name, f"frames must be uint8, got {frames.dtype}")
-        if frames.ndim != 4 or frames.shape[-1] != 3:
-            raise InputError(self.name, f"frames must have shape (T, H, W, 3), got {tuple(frames.shape)}")
-        if frames.shape[0] == 0:
+        if not _is_tensor(frames):
+            frames = np.asarray(frames)
+        dtype = str(frames.dtype).replace("torch.", "")
+        if dtype != "uint8":
+            raise InputError(self.name, f"frames must be uint8, got {dtype}")
+        shape = tuple(frames.shape)
+        if len(shape) != 4 or shape[-1] != 3:
+            raise InputError(self.name, f"frames must have shape (T, H, W, 3), got {shape}")
+        if shape[0] == 0:
             raise InputError(self.name, "clip has zero frames")
-        if not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0):
+        if isinstance(self.fps, bool) or not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0):
             raise InputError(self.name, f"fps must be a positive number, got {self.fps!r}")
         object.__setattr__(self, "frames", frames)
 
@@ -57,8 +68,30 @@ class Clip:
         return int(self.frames.shape[0])
 
     @property
+    def height(self) -> int:
+        return int(self.frames.shape[1])
+
+    @property
+    def width(self) -> int:
+        return int(self.frames.shape[2])
+
+    @property
     def times(self) -> list[float]:
         return [i / self.fps for i in range(len(self))]
+
+    def take(self, indices: Sequence[int]) -> np.ndarray:
+        """uint8 (k, H, W, 3) host array of the frames at ``indices`` (only those are copied)."""
+        idx = list(indices)
+        if _is_tensor(self.frames):
+            import torch
+
+            sel = torch.as_tensor(idx, dtype=torch.long, device=self.frames.device)
+            return self.frames.detach().index_select(0, sel).cpu().numpy()
+        return np.asarray(self.frames[idx])
+
+    def numpy(self) -> np.ndarray:
+        """All frames as one host array."""
+        return self.take(range(len(self)))
 
 
 ImageLike = Union[Image.Image, np.ndarray]
@@ -79,6 +112,29 @@ class PreparedVideo:
     """The slot it was prepared for (``context`` or ``candidate``)."""
     contract: str = ""
     """Fingerprint of the contract that prepared it."""
+    pixels: Any = field(default=None, repr=False)
+    """The frames in the vision tower's patch layout (set by the engine; None until encoded)."""
+    grid: Any = field(default=None, repr=False)
+    """[n, 3] patch grid of each frame (set with ``pixels``)."""
+
+    @property
+    def encoded(self) -> bool:
+        return self.pixels is not None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """Frames already chosen by the sampling plan, not yet through the per-frame contract.
+
+    What the engine hands a worker process for an in-memory clip: only the
+    sampled frames travel, not the whole clip.
+    """
+
+    frames: tuple[Any, ...]
+    """uint8 (H, W, 3) arrays or PIL images, one per sampled tick."""
+    plan: SamplePlan
+    name: str
+    role: str
 
 
 def _plan(times: Sequence[float], role: str, contract: Contract, name: str, nominal: float | None) -> SamplePlan:
@@ -92,8 +148,8 @@ def _image_list(value: Sequence[Any], name: str) -> list[Image.Image]:
     for i, item in enumerate(value):
         if isinstance(item, Image.Image):
             images.append(to_rgb(item))
-        elif isinstance(item, np.ndarray) or (hasattr(item, "detach") and hasattr(item, "cpu")):
-            arr = item.detach().cpu().numpy() if hasattr(item, "detach") else item
+        elif isinstance(item, np.ndarray) or _is_tensor(item):
+            arr = item.detach().cpu().numpy() if _is_tensor(item) else item
             images.append(array_to_image(np.asarray(arr), f"{name}[{i}]"))
         else:
             raise InputError(f"{name}[{i}]", f"expected a PIL image or (H, W, 3) uint8 array, got {type(item).__name__}")
@@ -102,15 +158,38 @@ def _image_list(value: Sequence[Any], name: str) -> list[Image.Image]:
     return images
 
 
-def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list[Image.Image], SamplePlan, str]:
-    """Sample RGB frames from any accepted input (no contract transform yet)."""
+def _check_role(role: str) -> None:
     if role not in ("context", "candidate"):
         raise ValueError(f"role must be 'context' or 'candidate', got {role!r}")
+
+
+def presample(value: Any, role: str, contract: Contract) -> Any:
+    """An in-memory clip reduced to its sampled frames (cheap, pure planning); anything else unchanged.
+
+    The frames of a ``Clip`` are copied to the host only for the ticks the
+    contract samples, so a worker process receives a few frames, not a clip.
+    """
+    _check_role(role)
+    if not isinstance(value, Clip):
+        return value
+    try:
+        plan = _plan(value.times, role, contract, value.name, 1.0 / value.fps)
+    except InputError as e:
+        raise e.with_role(role) from e
+    return Sampled(tuple(value.take(plan.indices)), plan, value.name, role)
+
+
+def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list[Image.Image], SamplePlan, str]:
+    """Sample RGB frames from any accepted input (no contract transform yet)."""
+    _check_role(role)
     try:
         if isinstance(value, Clip):
-            plan = _plan(value.times, role, contract, value.name, 1.0 / value.fps)
-            images = [array_to_image(value.frames[i], value.name) for i in plan.indices]
-            return images, plan, value.name
+            value = presample(value, role, contract)
+        if isinstance(value, Sampled):
+            if value.role != role:
+                raise InputError(value.name, f"was sampled as {value.role}, not {role}")
+            images = [f if isinstance(f, Image.Image) else array_to_image(f, value.name) for f in value.frames]
+            return images, value.plan, value.name
         if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)):
             if isinstance(value, str) and not value:
                 raise InputError("''", "empty path")
@@ -135,6 +214,18 @@ def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list
     )
 
 
+def check_reusable(value: PreparedVideo, role: str, contract: Contract) -> PreparedVideo:
+    """A PreparedVideo may be reused only in the slot and under the contract it was made for."""
+    if value.role != role or value.contract != contract.fingerprint:
+        raise InputError(
+            value.source,
+            f"was prepared as {value.role or '?'} under contract {value.contract[:12] or '?'}; "
+            f"it cannot be reused as {role} under contract {contract.fingerprint[:12]}",
+            role=role,
+        )
+    return value
+
+
 def prepare_input(value: "VideoInput | PreparedVideo", role: str, contract: Contract) -> PreparedVideo:
     """Sample and apply the per-frame contract to one context or candidate.
 
@@ -143,14 +234,7 @@ def prepare_input(value: "VideoInput | PreparedVideo", role: str, contract: Cont
     frames) and score without preparing again.
     """
     if isinstance(value, PreparedVideo):
-        if value.role != role or value.contract != contract.fingerprint:
-            raise InputError(
-                value.source,
-                f"was prepared as {value.role or '?'} under contract {value.contract[:12] or '?'}; "
-                f"it cannot be reused as {role} under contract {contract.fingerprint[:12]}",
-                role=role,
-            )
-        return value
+        return check_reusable(value, role, contract)
     images, plan, name = sample_input(value, role, contract)
     try:
         prepared = tuple(prepare_frame(img, contract, f"{name} @ {t:.3f}s") for img, t in zip(images, plan.times))

@@ -10,27 +10,10 @@ defaults differ and would resize the already-resized frames a second time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
-
-import torch
-from PIL import Image
+from typing import Any
 
 from .contract import Contract
 from .errors import InputError
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """Model inputs for one item. Shapes: L tokens, P patches, I images."""
-
-    input_ids: torch.Tensor  # [L] int64
-    pixel_values: torch.Tensor  # [P, 3 * 2 * 16 * 16] float32
-    image_grid_thw: torch.Tensor  # [I, 3] int64
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
 
 
 def build_messages(prompt: str, n_context: int, n_candidate: int, contract: Contract) -> list[dict[str, Any]]:
@@ -56,19 +39,45 @@ def images_kwargs(contract: Contract) -> dict[str, int]:
     return {"min_pixels": contract.min_pixels, "max_pixels": contract.max_pixels}
 
 
-def encode(
-    processor,
-    prompt: str,
-    context: Sequence[Image.Image],
-    candidate: Sequence[Image.Image],
-    contract: Contract,
-) -> Encoded:
-    """Tokenise the rendered layout and turn the prepared frames into patches."""
-    text = render(processor, prompt, len(context), len(candidate), contract)
-    out = processor(
-        text=[text],
-        images=list(context) + list(candidate),
-        return_tensors="pt",
-        images_kwargs=images_kwargs(contract),
-    )
-    return Encoded(out["input_ids"][0], out["pixel_values"], out["image_grid_thw"])
+def _reserved_tokens(processor) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(vision tokens, other control tokens) a prompt may not contain; cached per processor."""
+    cached = getattr(processor, "_nvrm_reserved", None)
+    if cached is None:
+        vision = tuple(
+            t
+            for t in (
+                getattr(processor, "image_token", None),
+                getattr(processor, "video_token", None),
+                getattr(processor, "vision_start_token", None),
+                getattr(processor, "vision_end_token", None),
+                "<|vision_pad|>",
+            )
+            if t
+        )
+        special = tuple(sorted(set(processor.tokenizer.all_special_tokens) - set(vision)))
+        cached = (vision, special)
+        processor._nvrm_reserved = cached
+    return cached
+
+
+def check_prompt(processor, prompt: Any) -> str:
+    """The prompt, if the layout can carry it; an ``InputError`` naming the problem otherwise.
+
+    Vision tokens (``<|image_pad|>`` ...) would break the image-token count,
+    and control tokens (``<|im_end|>``, ``<|im_start|>``, ``<|endoftext|>``,
+    the other special tokens) would end or restructure the chat turn, so both
+    are refused. Ordinary added tokens (``<think>``, ``<tool_call>``) are
+    tokenised exactly as the release's processor would.
+    """
+    if not isinstance(prompt, str):
+        raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
+    vision, special = _reserved_tokens(processor)
+    for token in vision:
+        if token in prompt:
+            raise InputError("prompt", f"contains the vision token {token!r}; prompts may not contain vision tokens")
+    for token in special:
+        if token in prompt:
+            raise InputError(
+                "prompt", f"contains the control token {token!r}, which would change the chat layout; remove it"
+            )
+    return prompt

@@ -2,37 +2,45 @@
 
     rm = RewardModel.from_pretrained("artifacts/WORL-NVRM")
     rm.score(prompt, context, candidate).reward      # raw BF16 logit as float
+    rm.score_group(prompt, context, candidates)      # G candidates, one shared context
+    for results in rm.score_groups(groups): ...      # a stream of groups, CPU and GPU overlapped
     rm.compare(prompt, context, a, b)                # P(a preferred) = sigmoid(r_a - r_b)
     rm.rank(prompt, context, [c1, c2, c3])           # best first
+
+Inputs are prepared by the model's ``Engine`` (the contract and encoding, in
+workers); the calling thread only assembles tensors and runs the model.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import os
-import threading
+from collections import deque
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence, Union
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, Union
 
 import torch
 
 from .batching import plan_batches
 from .bundle import load_backbone, load_head, load_processor, read_config, resolve_bundle, verify_bundle
 from .contract import Contract
-from .errors import InputError, NvrmError
-from .group import encode_group, forward_group
-from .inputs import PreparedVideo, VideoInput, prepare_input
-from .pipeline import PrepPool
-from .model import DTYPES, RewardHead, collate, forward_rewards, position_ids
-from .prompt import Encoded, encode
+from .engine import Engine, PreparedGroup, PreparedItem, RopeSpec
+from .engine.encode import Encoded, encode_item
+from .errors import InputError, InternalError, NvrmError
+from .group import Prefix, prefill, score_suffixes
+from .inputs import PreparedVideo, VideoInput
+from .limits import Limits
+from .model import DTYPES, RewardHead, collate, forward_rewards
+from .report.ranking import sigmoid
+from .settings import LoadSettings
+from .vision import VisionEncoder
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BATCH_TOKENS = 16384
+CPU_BATCH_TOKENS = 16384
+Prepared = PreparedItem  # the name earlier releases exported
 
 
 @dataclass(frozen=True)
@@ -81,16 +89,9 @@ class RankEntry:
         return self.result.reward
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """One item after the contract: frames, model inputs and their provenance."""
-
-    context: PreparedVideo
-    candidate: PreparedVideo
-    encoded: Encoded = field(repr=False)
-
-
 ItemLike = Union[ScoreItem, Sequence[Any], Mapping[str, Any]]
+GroupLike = Union[tuple, Sequence[Any], Mapping[str, Any]]
+Errors = Literal["raise", "return"]
 
 
 def _as_item(item: ItemLike, i: int) -> ScoreItem:
@@ -106,21 +107,53 @@ def _as_item(item: ItemLike, i: int) -> ScoreItem:
     raise InputError(f"item {i}", "expected ScoreItem, (prompt, context, candidate) or a dict with those keys")
 
 
+def _as_group(group: GroupLike, k: int) -> tuple[str, Any, list[Any]]:
+    if isinstance(group, Mapping):
+        missing = [key for key in ("prompt", "context", "candidates") if key not in group]
+        if missing:
+            raise InputError(f"group {k}", f"missing field(s) {', '.join(missing)}")
+        prompt, context, candidates = group["prompt"], group["context"], group["candidates"]
+    elif isinstance(group, (tuple, list)) and len(group) == 3:
+        prompt, context, candidates = group
+    else:
+        raise InputError(f"group {k}", "expected (prompt, context, candidates) or a dict with those keys")
+    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
+        raise InputError(f"group {k}", "candidates must be a list")
+    return prompt, context, list(candidates)
+
+
 def bt_probability(r_a: float, r_b: float) -> float:
     """Bradley-Terry P(a preferred over b) = sigmoid(r_a - r_b)."""
-    d = r_a - r_b
-    if d >= 0:
-        return 1.0 / (1.0 + math.exp(-d))
-    e = math.exp(d)
-    return e / (1.0 + e)
+    return sigmoid(r_a - r_b)
 
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def default_batch_tokens(device: torch.device, config) -> int:
+    """The key-position budget of a forward pass: 16,384 on CPU; on CUDA a quarter of free memory's worth of KV."""
+    if device.type != "cuda":
+        return CPU_BATCH_TOKENS
+    text = config.text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_bytes = text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * 2  # bf16 K and V per position
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(max(CPU_BATCH_TOKENS, min(262144, free // 4 // kv_bytes)))
+
+
+class _PendingGroup:
+    """A group submitted to the engine: its context future and one future per chunk."""
+
+    def __init__(self, prompt: Any, n: int, chunks: list[tuple[list[int], Future]], error: NvrmError | None = None):
+        self.prompt = prompt
+        self.n = n
+        self.chunks = chunks
+        self.error = error
+
+
 class RewardModel:
-    """A loaded WORL-NVRM bundle: backbone, reward head, processor and contract."""
+    """A loaded WORL-NVRM bundle: backbone, reward head, the preprocessing engine and the contract."""
 
     def __init__(
         self,
@@ -132,9 +165,10 @@ class RewardModel:
         device: torch.device,
         revision: str | None = None,
         path: Path | None = None,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        workers: int | None = None,
+        settings: LoadSettings | None = None,
+        engine: Engine | None = None,
     ):
+        self.settings = settings or LoadSettings()
         self.backbone = backbone
         self.head = head
         self.processor = processor
@@ -142,15 +176,23 @@ class RewardModel:
         self.device = device
         self.revision = revision
         self.path = path
-        self.max_batch_tokens = max_batch_tokens
-        self.pool = PrepPool(workers)
-        # Each thread tokenises and normalises with its own processor copy (the
-        # fast tokenizer must not be shared across threads); the template is
-        # only ever read, under the lock, to make those copies.
-        self._template = copy.deepcopy(processor)
-        self._template_lock = threading.Lock()
-        self._local = threading.local()
-        self.pad_id = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else 0
+        self.max_batch_tokens = self.settings.max_batch_tokens or default_batch_tokens(device, backbone.config)
+        attn = getattr(backbone.visual.config, "_attn_implementation", "sdpa")
+        self.vision = VisionEncoder(backbone.visual) if attn in ("sdpa", "flash_attention_2") else None
+        self._owns_engine = engine is None
+        self.engine = engine or Engine(
+            processor,
+            contract,
+            RopeSpec.from_config(backbone.config),
+            workers=self.settings.workers,
+            kind=self.settings.worker_kind,  # type: ignore[arg-type]
+        )
+        tok = processor.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    @property
+    def limits(self) -> Limits:
+        return self.settings.limits
 
     # ------------------------------------------------------------ construction
 
@@ -160,164 +202,195 @@ class RewardModel:
         path_or_repo: str | os.PathLike,
         revision: str | None = None,
         device: str | torch.device | None = None,
-        dtype: torch.dtype = torch.bfloat16,
-        verify: bool = True,
+        dtype: "torch.dtype | str | None" = None,
+        verify: bool | None = None,
         *,
         contract: Contract | None = None,
+        settings: LoadSettings | None = None,
         attn_implementation: str | None = None,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        workers: int | None = None,
-        compile: bool | str = False,
+        **overrides: Any,
     ) -> "RewardModel":
         """Load a bundle directory (or Hub repo id at ``revision``), verifying it by default.
 
-        ``compile=True`` wraps the language model in ``torch.compile`` (dynamic
-        shapes); a string picks the compile mode (e.g. ``"max-autotune"``). The
-        first calls at new shapes pay the compilation time.
+        Args:
+            path_or_repo: bundle directory, or a Hub repo id such as ``Efficient-Large-Model/WORL-NVRM``.
+            revision, device, dtype, verify: shortcuts for the ``LoadSettings`` fields of those names.
+            contract: use this contract instead of the bundle's (release default + ``nvrm_contract.json``).
+            settings: every other setting (``max_batch_tokens``, ``workers``, ``compile``, ``exact`` ...);
+                keyword ``overrides`` replace single fields of it.
+
+        Returns:
+            A ready ``RewardModel``; call ``close()`` (or use it as a context manager) to stop its workers.
         """
-        path = resolve_bundle(path_or_repo, revision)
-        report = verify_bundle(path) if verify else None
+        settings = settings or LoadSettings()
+        shortcuts: dict[str, Any] = {"revision": revision, "verify": verify, "attention": attn_implementation}
+        if device is not None:
+            shortcuts["device"] = str(device)
+        if dtype is not None:
+            shortcuts["dtype"] = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+        settings = settings.replace(**{k: v for k, v in {**shortcuts, **overrides}.items() if v is not None})
+
+        path = resolve_bundle(path_or_repo, settings.revision)
+        report = verify_bundle(path) if settings.verify else None
         config = read_config(path)
         contract = contract or Contract.for_bundle(path)
-        device = torch.device(device) if device is not None else default_device()
-        attn = attn_implementation or _default_attention(device)
-        backbone = load_backbone(path, config, dtype, attn)
+        dev = torch.device(settings.device) if settings.device else default_device()
+        attn = settings.attention or _default_attention(dev)
+        backbone = load_backbone(path, config, DTYPES[settings.dtype], attn)
         weight, bias = load_head(path, config.text_config.hidden_size)
         head = RewardHead(weight, bias, DTYPES[contract.head_dtype])
         processor = load_processor(path)
         model_revision = report.revision if report else _manifest_revision(path)
-        backbone.to(device)
-        head.to(device)
-        if compile:
-            mode = compile if isinstance(compile, str) else None
+        backbone.to(dev)
+        head.to(dev)
+        if settings.compile:
+            mode = settings.compile if isinstance(settings.compile, str) else None
             backbone.language_model.compile(dynamic=True, mode=mode)
         return cls(
             backbone,
             head,
             processor,
             contract,
-            device=device,
-            revision=model_revision or revision,
+            device=dev,
+            revision=model_revision or settings.revision,
             path=path,
-            max_batch_tokens=max_batch_tokens,
-            workers=workers,
+            settings=settings,
         )
+
+    def close(self) -> None:
+        """Stop the preprocessing workers (the weights stay usable for direct forwards)."""
+        if self._owns_engine:
+            self.engine.close()
+
+    def __enter__(self) -> "RewardModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------ preprocessing
 
-    def prepare(self, prompt: str, context: VideoInput, candidate: VideoInput) -> Prepared:
-        """Apply the contract to one item: sample, transform and encode its frames."""
-        return self._encode(prompt, self._frames(prompt, context, candidate))
+    def prepare(self, prompt: str, context: VideoInput, candidate: VideoInput) -> PreparedItem:
+        """Apply the contract to one item: sample, transform and encode its frames (blocking)."""
+        return self.engine.prepare_item(prompt, context, candidate)
 
-    def _frames(self, prompt: str, context: VideoInput, candidate: VideoInput) -> tuple[PreparedVideo, PreparedVideo]:
-        """The thread-safe part of ``prepare``: decoding and the per-frame contract."""
-        if not isinstance(prompt, str):
-            raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
-        return prepare_input(context, "context", self.contract), prepare_input(candidate, "candidate", self.contract)
+    def prepare_video(self, value: VideoInput, role: str) -> PreparedVideo:
+        """The contract for one context or candidate: the exact frames the model sees."""
+        return self.engine.prepare(value, role)
 
-    def _processor(self):
-        """This thread's own copy of the processor."""
-        proc = getattr(self._local, "processor", None)
-        if proc is None:
-            with self._template_lock:
-                proc = copy.deepcopy(self._template)
-            self._local.processor = proc
-        return proc
+    # ------------------------------------------------------------ the model
 
-    def _encode(self, prompt: str, frames: tuple[PreparedVideo, PreparedVideo]) -> Prepared:
-        ctx, cand = frames
-        return Prepared(ctx, cand, encode(self._processor(), prompt, ctx.images, cand.images, self.contract))
-
-    def _prepare_item(self, item: "ScoreItem | NvrmError") -> "Prepared | NvrmError":
-        """Pool job: the whole contract for one item, errors returned in place."""
-        if isinstance(item, NvrmError):
-            return item
-        try:
-            return self.prepare(item.prompt, item.context, item.candidate)
-        except NvrmError as e:
-            return e
-
-    # ------------------------------------------------------------ scoring
-
-    def _result(self, prepared: Prepared, reward: float) -> ScoreResult:
+    def _result(self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float) -> ScoreResult:
         return ScoreResult(
             reward=reward,
-            context_times=prepared.context.times,
-            candidate_times=prepared.candidate.times,
-            num_tokens=prepared.encoded.num_tokens,
+            context_times=context.times,
+            candidate_times=candidate.times,
+            num_tokens=num_tokens,
             contract=self.contract.fingerprint,
             model_revision=self.revision,
         )
 
     @torch.inference_mode()
     def _forward(self, encoded: Sequence[Encoded]) -> list[float]:
-        """Rewards for already-encoded items, split in half on CUDA out-of-memory."""
-        cpu_batch = collate(encoded, self.pad_id)
-        positions = position_ids(self.backbone, cpu_batch)
-        batch = cpu_batch.to(self.device, non_blocking=True)
+        """Rewards for already-encoded items in one padded batch, split in half on CUDA out-of-memory."""
+        batch = collate(encoded, self.pad_id).to(self.device)
         try:
             rewards = forward_rewards(
-                self.backbone, self.head, batch, positions=positions, normalize_hidden=self.contract.normalize_hidden
+                self.backbone,
+                self.head,
+                batch,
+                vision=self.vision,
+                codec=self.engine.codec,
+                normalize_hidden=self.contract.normalize_hidden,
             )
         except torch.OutOfMemoryError:
             if len(encoded) == 1:
                 raise
+            del batch
             torch.cuda.empty_cache()
             half = len(encoded) // 2
             log.warning("out of memory on a batch of %d; retrying as %d + %d", len(encoded), half, len(encoded) - half)
             return self._forward(encoded[:half]) + self._forward(encoded[half:])
         return [float(r) for r in rewards.float().cpu()]
 
-    def score_prepared(self, prepared: Sequence[Prepared]) -> list[ScoreResult]:
-        """Score prepared items in token-budgeted batches; results in input order."""
-        rewards: list[float | None] = [None] * len(prepared)
+    def _check_length(self, encoded: Encoded) -> None:
+        self.limits.check_sequence_tokens(encoded.num_tokens)
+
+    def score_prepared(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult]:
+        """Score prepared items in token-budgeted batches (or one by one with ``exact``); input order."""
+        exact = self.settings.exact if exact is None else exact
+        rewards: list[float] = [0.0] * len(prepared)
         lengths = [p.encoded.num_tokens for p in prepared]
-        for group in plan_batches(lengths, self.max_batch_tokens):
-            out = self._forward([prepared[i].encoded for i in group])
-            for i, r in zip(group, out):
+        batches = [[i] for i in range(len(prepared))] if exact else plan_batches(lengths, self.max_batch_tokens)
+        for rows in batches:
+            for i, r in zip(rows, self._forward([prepared[i].encoded for i in rows])):
                 rewards[i] = r
-        return [self._result(p, r) for p, r in zip(prepared, rewards)]  # type: ignore[arg-type]
+        return [self._result(p.context, p.candidate, p.encoded.num_tokens, r) for p, r in zip(prepared, rewards)]
+
+    # ------------------------------------------------------------ scoring
 
     def score(self, prompt: str, context: VideoInput, candidate: VideoInput) -> ScoreResult:
         """Reward for one (prompt, context, candidate)."""
-        return self.score_prepared([self.prepare(prompt, context, candidate)])[0]
+        return self.score_prepared([self.prepare(prompt, context, candidate)], exact=True)[0]
 
     def score_batch(
-        self, items: Iterable[ItemLike], *, errors: Literal["raise", "return"] = "raise"
+        self, items: Iterable[ItemLike], *, errors: Errors = "raise", exact: bool | None = None
     ) -> list[ScoreResult | NvrmError]:
         """Rewards for many items, batched by token budget; results in input order.
 
-        With ``errors="return"`` a bad item yields its error in its slot and the
-        rest are still scored; with ``"raise"`` the first bad item raises.
+        Args:
+            items: ``ScoreItem``s, ``(prompt, context, candidate)`` triples or dicts with those keys.
+            errors: ``"return"`` puts a bad item's error in its slot and scores the rest;
+                ``"raise"`` raises the first bad item's error.
+            exact: score every item alone (no padding): bit-identical to ``score``.
+
+        Returns:
+            One ``ScoreResult`` (or, with ``errors="return"``, ``NvrmError``) per item.
         """
         items = list(items)
-        parsed: list[Any] = []
-        for i, raw in enumerate(items):
-            try:
-                parsed.append(_as_item(raw, i))
-            except NvrmError as e:
-                if errors == "raise":
-                    raise
-                parsed.append(e)
-        # The whole contract (decode, per-frame work, tokenise, normalise) runs
-        # ahead in the pool while earlier windows are on the model.
-        futures = self.pool.map_ordered(self._prepare_item, parsed)
         out: list[Any] = [None] * len(items)
-        window = max(8, 4 * max(1, self.pool.workers))
-        for start in range(0, len(items), window):
-            good: list[tuple[int, Prepared]] = []
-            for i in range(start, min(start + window, len(items))):
-                prepared = futures[i].result()
-                if isinstance(prepared, NvrmError):
-                    if errors == "raise":
-                        for f in futures[i:]:
-                            f.cancel()
+        window = max(8, 4 * max(1, self.engine.workers))
+        pending: deque[tuple[int, Future | NvrmError]] = deque()
+        i_next = 0
+
+        def submit_until(limit: int) -> None:
+            nonlocal i_next
+            while i_next < len(items) and len(pending) < limit:
+                try:
+                    it = _as_item(items[i_next], i_next)
+                    pending.append((i_next, self.engine.submit_item(it.prompt, it.context, it.candidate)))
+                except NvrmError as e:
+                    pending.append((i_next, e))
+                i_next += 1
+
+        # The engine prepares the next windows while this one is on the model.
+        submit_until(2 * window)
+        while pending:
+            good: list[tuple[int, PreparedItem]] = []
+            while pending and len(good) < window:
+                slot, job = pending.popleft()
+                try:
+                    prepared = job.result() if isinstance(job, Future) else job
+                    if isinstance(prepared, NvrmError):
                         raise prepared
-                    out[i] = prepared
+                    self._check_length(prepared.encoded)
+                except NvrmError as e:
+                    if errors == "raise":
+                        for _, f in pending:
+                            if isinstance(f, Future):
+                                f.cancel()
+                        raise
+                    out[slot] = e
+                except Exception as e:  # noqa: BLE001 - a bug must not pass as a result
+                    if errors == "raise":
+                        raise
+                    out[slot] = InternalError.wrap(e)
                 else:
-                    good.append((i, prepared))
-            for (slot, _), result in zip(good, self.score_prepared([p for _, p in good])):
-                out[slot] = result
+                    good.append((slot, prepared))
+            submit_until(2 * window)
+            if good:
+                for (slot, _), result in zip(good, self.score_prepared([p for _, p in good], exact=exact)):
+                    out[slot] = result
         return out
 
     def score_group(
@@ -326,61 +399,168 @@ class RewardModel:
         context: VideoInput,
         candidates: Sequence[VideoInput],
         *,
-        errors: Literal["raise", "return"] = "raise",
+        errors: Errors = "raise",
+        exact: bool | None = None,
     ) -> list[ScoreResult | NvrmError]:
         """Rewards for G candidates sharing one prompt and context (GRPO groups).
 
         The context is preprocessed, encoded by the vision tower and prefilled
-        through the language model once; the candidates then run as one batch
-        against that cached prefix. Equal to ``score`` per candidate up to
-        floating-point reduction order. A bad context raises; a bad candidate
-        raises or, with ``errors="return"``, yields its error in its slot.
+        through the language model once; the candidates then run in batches
+        against that cached prefix (chunks of ``group_chunk`` candidates for big
+        groups, the prefix reused across chunks). Equal to ``score`` per
+        candidate up to floating-point reduction order (README, "Fidelity");
+        ``exact=True`` scores each candidate alone instead. A bad context
+        raises; a bad candidate raises or, with ``errors="return"``, yields its
+        error in its slot.
         """
-        if not isinstance(prompt, str):
-            raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
-        # already-prepared candidates (e.g. from the service) need no pool round trip
-        futures = [
-            _done(c) if isinstance(c, PreparedVideo) else self.pool.submit(prepare_input, c, "candidate", self.contract)
-            for c in candidates
-        ]
-        try:
-            ctx = prepare_input(context, "context", self.contract)
-        except NvrmError:
-            for f in futures:
-                f.cancel()
-            raise
-        out: list[Any] = []
-        good: list[tuple[int, PreparedVideo]] = []
-        for f in futures:
-            try:
-                good.append((len(out), f.result()))
-                out.append(None)
-            except NvrmError as e:
-                if errors == "raise":
-                    raise
-                out.append(e)
-        if not good:
-            return out
-        enc = encode_group(self._processor(), prompt, ctx.images, [p.images for _, p in good], self.contract)
-        rewards = forward_group(
-            self.backbone,
-            self.head,
-            enc,
-            pad_id=self.pad_id,
-            device=self.device,
-            max_batch_tokens=self.max_batch_tokens,
-            normalize_hidden=self.contract.normalize_hidden,
+        [out] = list(
+            self._score_groups([(prompt, context, candidates)], errors=errors, exact=exact, lookahead=0, context_raises=True)
         )
-        for (slot, cand), seq, reward in zip(good, enc.ids, rewards):
-            out[slot] = ScoreResult(
-                reward=reward,
-                context_times=ctx.times,
-                candidate_times=cand.times,
-                num_tokens=int(seq.shape[0]),
-                contract=self.contract.fingerprint,
-                model_revision=self.revision,
-            )
         return out
+
+    def score_groups(
+        self,
+        groups: Iterable[GroupLike],
+        *,
+        errors: Errors = "return",
+        exact: bool | None = None,
+        lookahead: int | None = None,
+    ) -> Iterator[list[ScoreResult | NvrmError]]:
+        """Score a stream of groups, preparing the next ones while the current one is on the model.
+
+        Args:
+            groups: ``(prompt, context, candidates)`` tuples (or dicts), consumed lazily.
+            errors: ``"return"`` (default) puts errors in their slots (a bad
+                context fills every slot of its group); ``"raise"`` raises the first.
+            exact: score every candidate alone (see ``score_group``).
+            lookahead: groups prepared ahead of the one being scored (default: the ``lookahead`` setting).
+
+        Yields:
+            One list per group, in order, one ``ScoreResult`` or ``NvrmError`` per candidate.
+        """
+        return self._score_groups(groups, errors=errors, exact=exact, lookahead=lookahead)
+
+    def _score_groups(self, groups, *, errors: Errors, exact: bool | None, lookahead: int | None, context_raises: bool = False):
+        ahead = self.settings.lookahead if lookahead is None else lookahead
+        it = iter(enumerate(groups))
+        pending: deque[_PendingGroup] = deque()
+
+        def fill() -> None:
+            while len(pending) <= ahead:
+                try:
+                    k, group = next(it)
+                except StopIteration:
+                    return
+                pending.append(self._submit_group(group, k))
+
+        fill()
+        try:
+            while pending:
+                current = pending.popleft()
+                fill()  # group k+1.. prepare while group k is on the model
+                yield self._run_group(current, errors, self.settings.exact if exact is None else exact, context_raises)
+        finally:
+            for p in pending:
+                for _, f in p.chunks:
+                    f.cancel()
+
+    def _submit_group(self, group: GroupLike, k: int) -> _PendingGroup:
+        try:
+            prompt, context, candidates = _as_group(group, k)
+            self.limits.check_group(len(candidates))
+        except NvrmError as e:
+            n = len(group[2]) if isinstance(group, (tuple, list)) and len(group) == 3 and isinstance(group[2], Sequence) else 0
+            return _PendingGroup(None, n, [], e)
+        ctx_future = self.engine.submit_video(context, "context")
+        size = self.settings.group_chunk
+        chunks = []
+        for start in range(0, len(candidates), size):
+            idx = list(range(start, min(start + size, len(candidates))))
+            chunks.append((idx, self.engine.submit_group(prompt, ctx_future, [candidates[i] for i in idx])))
+        return _PendingGroup(prompt, len(candidates), chunks)
+
+    def _run_group(
+        self, pending: _PendingGroup, errors: Errors, exact: bool, context_raises: bool = False
+    ) -> list[ScoreResult | NvrmError]:
+        if pending.error is not None:
+            if errors == "raise" or context_raises:
+                raise pending.error
+            return [pending.error] * max(1, pending.n)
+        out: list[Any] = [None] * pending.n
+        prefix: Prefix | None = None
+        for k, (idx, future) in enumerate(pending.chunks):
+            group: PreparedGroup = future.result()
+            first = next((e for e in map(group.slot_error, range(len(idx))) if e is not None), None)
+            if first is not None and (errors == "raise" or (context_raises and isinstance(group.context, NvrmError))):
+                for _, f in pending.chunks[k + 1 :]:
+                    f.cancel()
+                raise group.context if isinstance(group.context, NvrmError) else first
+            results, prefix = self._score_chunk(group, prefix, exact)
+            if errors == "raise":
+                first = next((r for r in results if isinstance(r, NvrmError)), None)
+                if first is not None:
+                    raise first
+            for slot, r in zip(idx, results):
+                out[slot] = r
+        return out
+
+    def score_prepared_group(self, group: PreparedGroup, *, exact: bool | None = None) -> list[ScoreResult | NvrmError]:
+        """Results for a group the engine prepared: one per candidate slot, errors in their slots."""
+        results, _ = self._score_chunk(group, None, self.settings.exact if exact is None else exact)
+        return results
+
+    def _score_chunk(
+        self, group: PreparedGroup, prefix: Prefix | None, exact: bool
+    ) -> tuple[list[ScoreResult | NvrmError], Prefix | None]:
+        """Score the good candidates of ``group`` (reusing ``prefix`` when it matches)."""
+        out: list[Any] = [group.slot_error(j) for j in range(len(group.candidates))]
+        rows = []
+        for row, j in enumerate(group.good):
+            try:
+                self.limits.check_sequence_tokens(int(group.encoded.ids[row].shape[0]), f"candidate {j}")
+                rows.append(row)
+            except NvrmError as e:
+                out[j] = e
+        if not rows:
+            return out, prefix
+        enc = group.encoded if len(rows) == len(group.good) else group.encoded.select(rows)
+        slots = [group.good[r] for r in rows]
+        try:
+            if exact:
+                rewards: list[Any] = self._exact_group(group, slots)
+            else:
+                if prefix is None or not prefix.matches(enc):
+                    prefix = prefill(self.backbone, enc, device=self.device, vision=self.vision)
+                rewards = score_suffixes(
+                    self.backbone,
+                    self.head,
+                    prefix,
+                    enc,
+                    device=self.device,
+                    max_batch_tokens=self.max_batch_tokens,
+                    vision=self.vision,
+                    normalize_hidden=self.contract.normalize_hidden,
+                )
+        except NvrmError as e:
+            rewards = [e] * len(slots)
+        for row, (j, reward) in enumerate(zip(slots, rewards)):
+            if isinstance(reward, NvrmError):
+                out[j] = reward
+            else:
+                out[j] = self._result(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward)  # type: ignore[arg-type]
+        return out, prefix
+
+    def _exact_group(self, group: PreparedGroup, slots: Sequence[int]) -> list[float]:
+        """Each candidate alone through the item path (no prefix reuse): bit-identical to ``score``."""
+        ctx = group.context
+        processor = self.engine.processor
+        rope = RopeSpec.from_config(self.backbone.config)
+        rewards = []
+        for j in slots:
+            cand = group.candidates[j]
+            enc = encode_item(processor, rope, group.prompt, (ctx.pixels, ctx.grid), (cand.pixels, cand.grid), self.contract, self.engine.codec)
+            rewards += self._forward([enc])
+        return rewards
 
     def compare(self, prompt: str, context: VideoInput, a: VideoInput, b: VideoInput) -> float:
         """P(a preferred over b) under the Bradley-Terry model: sigmoid(r_a - r_b)."""
@@ -394,19 +574,18 @@ class RewardModel:
         return [RankEntry(i, r + 1, results[i]) for r, i in enumerate(order)]  # type: ignore[arg-type]
 
     def info(self) -> dict[str, Any]:
+        """What is loaded and how it runs (path, revision, device, dtype, contract, engine)."""
         return {
             "path": str(self.path) if self.path else None,
             "revision": self.revision,
             "device": str(self.device),
             "dtype": str(self.backbone.dtype).replace("torch.", ""),
             "contract": self.contract.fingerprint,
+            "chat_template": getattr(self.processor, "_nvrm_template_source", "processor"),
+            "max_batch_tokens": self.max_batch_tokens,
+            "workers": {"count": self.engine.workers, "kind": self.engine.kind},
+            "pixel_codec": self.engine.codec is not None,
         }
-
-
-def _done(value: Any) -> Future:
-    f: Future = Future()
-    f.set_result(value)
-    return f
 
 
 def _default_attention(device: torch.device) -> str:

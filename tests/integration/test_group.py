@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from nvrm import Clip, Contract, ContractError, InputError, RewardModel
-from nvrm.group import encode_group
-from nvrm.inputs import prepare_input
+from nvrm.engine.encode import to_pixel_values
 from nvrm.testing.clips import moving_square
 
 CTX = Clip(moving_square(40, 96, 128, seed=1), fps=4)
@@ -25,14 +24,16 @@ def model32(tiny_bundle):
 
 
 def test_group_inputs_equal_per_item_inputs(model):
-    ctx = prepare_input(CTX, "context", model.contract)
-    cands = [prepare_input(c, "candidate", model.contract) for c in CANDS]
-    enc = encode_group(model.processor, "p", ctx.images, [c.images for c in cands], model.contract)
+    ctx = model.prepare_video(CTX, "context")
+    cands = [model.prepare_video(c, "candidate") for c in CANDS]
+    enc = model.engine.encode_group("p", ctx, cands)
     assert len({len(s) for s in enc.ids}) > 1  # different resolutions -> different suffix lengths
     for i, c in enumerate(CANDS):
         ref = model.prepare("p", CTX, c).encoded
         assert torch.equal(enc.ids[i], ref.input_ids)
-        assert torch.equal(torch.cat([enc.context_pixels, enc.candidate_pixels[i]]), ref.pixel_values)
+        assert torch.equal(enc.positions[i], ref.positions)
+        pixels = torch.cat([enc.context_pixels, enc.candidate_pixels[i]])
+        assert torch.equal(to_pixel_values(pixels, enc.codec), ref.pixel_values)
         assert torch.equal(torch.cat([enc.context_grid, enc.candidate_grids[i]]), ref.image_grid_thw)
     assert 0 < enc.prefix_len < min(len(s) for s in enc.ids)
 
@@ -55,7 +56,7 @@ def test_group_equals_single_in_float32(model32):
 def test_chunked_suffix_batches_equal_one_batch(model32):
     whole = [r.reward for r in model32.score_group("p", CTX, CANDS)]
     old = model32.max_batch_tokens
-    model32.max_batch_tokens = 1200  # forces one candidate per chunk
+    model32.max_batch_tokens = 1200  # forces one candidate per forward
     try:
         chunked = [r.reward for r in model32.score_group("p", CTX, CANDS)]
     finally:

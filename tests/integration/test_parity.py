@@ -8,6 +8,7 @@ import torch
 
 from nvrm import Clip
 from nvrm.testing.clips import moving_square, write_video
+from nvrm.engine.jobs import item_job
 from nvrm.testing.reference import ReferenceScorer, reference_images
 
 
@@ -42,11 +43,14 @@ def test_processor_gets_contract_pixel_bounds(model):
     from PIL import Image
 
     assert model.processor.image_processor.size["shortest_edge"] == 65536  # the release-style trap is present
-    from nvrm.prompt import encode
+    from nvrm.prompt import images_kwargs
 
     frames = [Image.fromarray(np.full((64, 864, 3), 128, np.uint8))] * 5  # already contract-sized
-    enc = encode(model.processor, "p", frames[:1], frames, model.contract)
-    assert enc.image_grid_thw[0].tolist() == [1, 4, 54]
+    out = model.processor(text=["<|image_pad|>"], images=frames[:1], return_tensors="pt", images_kwargs=images_kwargs(model.contract))
+    assert out["image_grid_thw"][0].tolist() == [1, 4, 54]
+    patches, grid = model.engine.codec.encode(frames[:1])  # what the workers ship for such a frame
+    assert grid[0].tolist() == [1, 4, 54]
+    assert torch.equal(model.engine.codec.to_pixel_values(patches), out["pixel_values"])
     default = model.processor(text=["<|image_pad|>"], images=frames[:1], return_tensors="pt")
     assert default["image_grid_thw"][0].tolist() == [1, 6, 60]
 
@@ -88,10 +92,10 @@ def test_clip_and_encoded_file_agree_for_lossless_video(model, tmp_path):
 def test_encoding_in_worker_threads_is_bit_identical(model, clips):
     """Every pool thread tokenises and normalises with its own processor copy."""
     items = [("p", clips["context"], clips[k]) for k in ("cand_a", "cand_b")] * 6
-    inline = [model.prepare(*it).encoded for it in items]
-    jobs = model.pool.map_ordered(lambda it: model.prepare(*it).encoded, items)
-    threaded = [f.result() for f in jobs]
-    assert model.pool.workers >= 1
+    inline = [model.engine._workers.run_inline(item_job, *it).encoded for it in items]
+    jobs = [model.engine.submit_item(*it) for it in items]
+    threaded = [f.result().encoded for f in jobs]
+    assert model.engine.kind == "thread" and model.engine.workers >= 1
     for a, b in zip(inline, threaded):
         assert torch.equal(a.input_ids, b.input_ids)
         assert torch.equal(a.pixel_values, b.pixel_values)

@@ -31,7 +31,7 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def load_model(args: argparse.Namespace):
-    from ..scoring import DEFAULT_MAX_BATCH_TOKENS, RewardModel
+    from ..scoring import RewardModel
 
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise InputError(f"--batch-tokens {args.batch_tokens}", "must be a positive number of tokens")
@@ -40,7 +40,7 @@ def load_model(args: argparse.Namespace):
         revision=args.revision,
         device=args.device,
         verify=not args.no_verify,
-        max_batch_tokens=args.batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens=args.batch_tokens,
         compile=args.compile,
     )
 

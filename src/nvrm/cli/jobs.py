@@ -48,7 +48,6 @@ def run_batch(args: argparse.Namespace) -> int:
     read_manifest(args.input)  # and a manifest that cannot be read
     if args.ray:
         from ..jobs.ray_runner import run_batch_ray
-        from ..scoring import DEFAULT_MAX_BATCH_TOKENS
 
         if args.replicas < 1:
             raise InputError(f"--replicas {args.replicas}", "must be at least 1")
@@ -59,7 +58,7 @@ def run_batch(args: argparse.Namespace) -> int:
             revision=args.revision,
             device=args.device,
             verify=not args.no_verify,
-            max_batch_tokens=args.batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+            max_batch_tokens=args.batch_tokens,
             resume=args.resume,
             overwrite=args.overwrite,
             address=args.ray_address,
@@ -90,14 +89,13 @@ def add_rank_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from ..inputs import prepare_input
     from ..report.ranking import pairwise_matrix, rank_rewards
 
     if args.html and not Path(args.html).resolve().parent.is_dir():
         raise InputError(args.html, "folder for the HTML report does not exist")
     model = load_model(args)
-    jobs = model.pool.map_ordered(lambda c: prepare_input(c, "candidate", model.contract), args.candidates)
-    context = prepare_input(args.context, "context", model.contract)
+    jobs = [model.engine.submit_video(c, "candidate") for c in args.candidates]
+    context = model.prepare_video(args.context, "context")
     cands = [f.result() for f in jobs]
     results = model.score_group(args.prompt, context, cands)
     rewards = [r.reward for r in results]

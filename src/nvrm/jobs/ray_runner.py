@@ -63,23 +63,45 @@ def _video_record(v) -> dict[str, Any]:
         "source": v.source,
         "role": v.role,
         "contract": v.contract,
+        "pixels": np.asarray(v.pixels),
+        "grid": np.asarray(v.grid),
     }
 
 
 def _video_from(rec: dict[str, Any]):
+    import torch
     from PIL import Image
 
     from ..inputs import PreparedVideo
 
-    return PreparedVideo(tuple(Image.fromarray(f) for f in rec["frames"]), tuple(rec["times"]), rec["source"], rec["role"], rec["contract"])
+    return PreparedVideo(
+        tuple(Image.fromarray(f) for f in rec["frames"]),
+        tuple(rec["times"]),
+        rec["source"],
+        rec["role"],
+        rec["contract"],
+        torch.from_numpy(np.asarray(rec["pixels"])),
+        torch.from_numpy(np.asarray(rec["grid"])),
+    )
 
 
-def make_prepare(contract):
-    """CPU task body: apply the contract to a unit's context and candidates."""
+_ENGINES: dict[str, Any] = {}
+
+
+def _engine(bundle: str):
+    """This task process's engine for ``bundle`` (inline: Ray's tasks are the parallelism)."""
+    if bundle not in _ENGINES:
+        from ..engine import Engine
+
+        _ENGINES[bundle] = Engine.for_bundle(bundle, workers=0)
+    return _ENGINES[bundle]
+
+
+def make_prepare(bundle: str):
+    """CPU task body: apply the contract to a unit's context and candidates, through the engine."""
 
     def prepare(rec: dict[str, Any]) -> dict[str, Any]:
-        from ..inputs import prepare_input
-
+        engine = _engine(bundle)
         out = dict(rec)
         out["context_error"] = ""
         out["prepared_context"] = {}
@@ -87,7 +109,7 @@ def make_prepare(contract):
         if rec["problem"]:
             return out
         try:
-            out["prepared_context"] = _video_record(prepare_input(rec["context"], "context", contract))
+            out["prepared_context"] = _video_record(engine.prepare(rec["context"], "context"))
         except NvrmError as e:
             out["context_error"] = str(e)
             return out
@@ -96,7 +118,7 @@ def make_prepare(contract):
             return out
         for i in rec["indices"]:
             try:
-                out["prepared"].append({"ok": _video_record(prepare_input(rec["candidates"][i], "candidate", contract)), "error": ""})
+                out["prepared"].append({"ok": _video_record(engine.prepare(rec["candidates"][i], "candidate")), "error": ""})
             except NvrmError as e:
                 out["prepared"].append({"ok": {}, "error": str(e)})
             except Exception as e:  # noqa: BLE001
@@ -109,7 +131,7 @@ def make_prepare(contract):
 class Scorer:
     """Actor: loads the bundle once and turns prepared units into output rows."""
 
-    def __init__(self, bundle: str, revision: str | None, device: str | None, verify: bool, max_batch_tokens: int):
+    def __init__(self, bundle: str, revision: str | None, device: str | None, verify: bool, max_batch_tokens: int | None):
         from ..scoring import RewardModel
 
         self.model = RewardModel.from_pretrained(bundle, revision=revision, device=device, verify=verify, max_batch_tokens=max_batch_tokens)
@@ -168,7 +190,7 @@ def run_batch_ray(
     revision: str | None = None,
     device: str | None = None,
     verify: bool = True,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     resume: bool = False,
     overwrite: bool = False,
     address: str | None = None,
@@ -181,7 +203,6 @@ def run_batch_ray(
     """The batch job on Ray; writes exactly what ``run_batch`` writes."""
     ray = _require_ray()
     from ..bundle import resolve_bundle
-    from ..contract import Contract
 
     t0 = time.perf_counter()
     rows = read_manifest(manifest)
@@ -198,11 +219,10 @@ def run_batch_ray(
                 started_here = True
             try:
                 path = resolve_bundle(bundle, revision)
-                contract = Contract.for_bundle(path)
                 ctx = ray.data.DataContext.get_current()
                 ctx.enable_progress_bars = False
                 ds = ray.data.from_items([unit_record(u) for u in units], override_num_blocks=max(1, min(len(units), 4 * replicas)))
-                ds = ds.map(make_prepare(contract), num_cpus=cpus_per_preprocess)
+                ds = ds.map(make_prepare(str(path)), num_cpus=cpus_per_preprocess)
                 ds = ds.map_batches(
                     Scorer,
                     fn_constructor_kwargs={

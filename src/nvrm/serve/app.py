@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ContractError, InputError, NvrmError
-from .batcher import Batcher, InternalError
+from ..errors import InternalError
+from .batcher import Batcher
 from .config import ServeConfig
 from .media import RequestError, to_input
 from .metrics import Metrics

@@ -21,18 +21,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..engine.workers import unexpected
 from ..errors import NvrmError
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
-class InternalError(NvrmError):
-    """An unexpected failure while scoring one item (reported, never zero-filled)."""
-
-
-def _internal(e: BaseException) -> InternalError:
-    return InternalError(f"internal error: {type(e).__name__}: {e}")
 
 
 @dataclass
@@ -44,9 +39,7 @@ class _Single:
 
 @dataclass
 class _Group:
-    prompt: str
-    context: Any
-    candidates: list  # PreparedVideo or NvrmError per slot
+    prepared: Any  # PreparedGroup
     future: Future
     size: int = field(default=0)
 
@@ -101,51 +94,33 @@ class Batcher:
         fut: Future = Future()
         fut.add_done_callback(lambda _: self._release(1))
 
-        def prep() -> None:
+        def prepared(job: Future) -> None:
             try:
-                prepared = self.model.prepare(prompt, context, candidate)
-            except NvrmError as e:
-                _resolve(fut, e)
+                item = job.result()
+            except Exception as e:  # noqa: BLE001 - bad input or a bug: either way, this item's answer
+                _resolve(fut, unexpected(e))
                 return
-            except Exception as e:  # noqa: BLE001
-                log.warning("preprocessing failed unexpectedly", exc_info=True)
-                _resolve(fut, _internal(e))
-                return
-            self._ready.put(_Single(prepared, fut, prepared.encoded.num_tokens))
+            self._ready.put(_Single(item, fut, item.encoded.num_tokens))
 
-        self.model.pool.submit(prep)
+        self.model.engine.submit_item(prompt, context, candidate).add_done_callback(prepared)
         return fut
 
     def submit_group(self, prompt: str, context: Any, candidates: Sequence[Any]) -> Future:
         """A group; the future resolves to a list with one ScoreResult or NvrmError per
         candidate (every slot carries the context's error when the context is unusable)."""
-        from ..inputs import prepare_input
-
         fut: Future = Future()
         n = len(candidates)
         fut.add_done_callback(lambda _: self._release(n))
-        contract = self.model.contract
 
-        def prep() -> None:
+        def prepared(job: Future) -> None:
             try:
-                ctx = prepare_input(context, "context", contract)
-            except NvrmError as e:
-                _resolve(fut, [e] * n)
-                return
+                group = job.result()
             except Exception as e:  # noqa: BLE001
-                _resolve(fut, [_internal(e)] * n)
+                _resolve(fut, [unexpected(e)] * n)
                 return
-            cands: list = []
-            for c in candidates:
-                try:
-                    cands.append(prepare_input(c, "candidate", contract))
-                except NvrmError as e:
-                    cands.append(e)
-                except Exception as e:  # noqa: BLE001
-                    cands.append(_internal(e))
-            self._ready.put(_Group(prompt, ctx, cands, fut, n))
+            self._ready.put(_Group(group, fut, n))
 
-        self.model.pool.submit(prep)
+        self.model.engine.submit_group(prompt, context, candidates).add_done_callback(prepared)
         return fut
 
     # ------------------------------------------------------------ scorer thread
@@ -213,7 +188,7 @@ class Batcher:
                 except NvrmError as e:
                     results.append(e)
                 except Exception as e:  # noqa: BLE001
-                    results.append(_internal(e))
+                    results.append(unexpected(e))
         self.metrics.forward.observe(time.perf_counter() - t, kind="batch")
         self.metrics.batch_size.observe(len(batch))
         self.metrics.batch_tokens.observe(tokens)
@@ -225,20 +200,13 @@ class Batcher:
         if g.future.done():
             return
         t = time.perf_counter()
-        good = [c for c in g.candidates if not isinstance(c, Exception)]
-        out: list[Any] = list(g.candidates)
-        if good:
-            try:
-                scored = self.model.score_group(g.prompt, g.context, good, errors="return")
-            except NvrmError as e:
-                scored = [e] * len(good)
-            except Exception as e:  # noqa: BLE001
-                log.warning("a group failed unexpectedly", exc_info=True)
-                scored = [_internal(e)] * len(good)
-            it = iter(scored)
-            out = [c if isinstance(c, Exception) else next(it) for c in g.candidates]
+        try:
+            out = self.model.score_prepared_group(g.prepared)
+        except Exception as e:  # noqa: BLE001
+            log.warning("a group failed unexpectedly", exc_info=True)
+            out = [unexpected(e)] * g.size
         self.metrics.forward.observe(time.perf_counter() - t, kind="group")
-        self.metrics.batch_size.observe(len(good))
+        self.metrics.batch_size.observe(len(g.prepared.good))
         for r in out:
             self.metrics.items.inc(outcome="error" if isinstance(r, Exception) else "ok")
         _resolve(g.future, out)

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, NvrmError
-from ..inputs import prepare_input
-from ..model import DTYPES, RewardHead, collate, forward_rewards, position_ids
+from ..model import DTYPES, RewardHead, collate, forward_rewards
 from ..pairs import Pair, PairProblem, read_pairs
 from ..report.evaluate import PairOutcome, summarize
 from ..scoring import RewardModel, default_device
@@ -116,38 +115,36 @@ class Trainer:
     def _say(self, line: str) -> None:
         print(line, file=self.log_stream, flush=True)
 
-    def _video(self, source: str, role: str):
-        """A contract-prepared video, cached by (path, role) when ``cache_inputs`` is on.
+    def _cached_videos(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Prepare (in the engine's workers) every (path, role) not in the cache yet."""
+        todo = [k for k in dict.fromkeys(keys) if k not in self._cache]
+        jobs = [self.rm.engine.submit_video(source, role) for source, role in todo]
+        for key, job in zip(todo, jobs):
+            try:
+                self._cache[key] = job.result()
+            except NvrmError as e:
+                self._cache[key] = e
 
-        The cache holds the prepared frames (uint8 images), not the encoded
-        patches: those are float32 and ~25x larger, so they are rebuilt per batch.
-        """
+    def _input(self, source: str, role: str):
+        """What an item job gets for a video: the cached prepared video, or the path itself."""
         if not self.cfg.cache_inputs:
-            return prepare_input(source, role, self.rm.contract)
-        key = (source, role)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self._cache[key] = prepare_input(source, role, self.rm.contract)
+            return source
+        hit = self._cache[(source, role)]
+        if isinstance(hit, NvrmError):
+            raise hit
         return hit
 
-    def _encode_pair(self, p: Pair) -> EncodedPair:
-        ctx = self._video(p.context, "context")
-        chosen = self.rm.prepare(p.prompt, ctx, self._video(p.chosen, "candidate")).encoded
-        rejected = self.rm.prepare(p.prompt, ctx, self._video(p.rejected, "candidate")).encoded
-        return EncodedPair(p, chosen, rejected)
-
-    def _check_pair(self, p: Pair) -> Pair:
-        self._video(p.context, "context")
-        self._video(p.chosen, "candidate")
-        self._video(p.rejected, "candidate")
-        return p
+    @staticmethod
+    def _keys(p: Pair) -> list[tuple[str, str]]:
+        return [(p.context, "context"), (p.chosen, "candidate"), (p.rejected, "candidate")]
 
     def load_pairs(self, path: str | Path, what: str) -> list[Pair]:
         """Usable pairs; a bad pair is reported and skipped, never fatal.
 
         With ``cache_inputs`` every video is decoded and prepared now (so bad
-        ones are found before training starts); otherwise pairs are prepared
-        per batch and a bad one is skipped when it is reached.
+        ones are found before training starts) and kept, encoded, for every
+        epoch; otherwise pairs are prepared per batch and a bad one is skipped
+        when it is reached.
         """
         rows = read_pairs(path)
         good = [r for r in rows if isinstance(r, Pair)]
@@ -156,36 +153,57 @@ class Trainer:
                 self._say(f"nvrm train: skipped {what} {r.message}")
         out = good
         if self.cfg.cache_inputs:
+            self._cached_videos([k for p in good for k in self._keys(p)])
             out = []
-            for p, f in zip(good, self.rm.pool.map_ordered(self._check_pair, good)):
-                try:
-                    out.append(f.result())
-                except NvrmError as e:
-                    self._say(f"nvrm train: skipped {what} pairs line {p.line}: {e}")
+            for p in good:
+                bad = next((self._cache[k] for k in self._keys(p) if isinstance(self._cache[k], NvrmError)), None)
+                if bad is None:
+                    out.append(p)
+                else:
+                    self._say(f"nvrm train: skipped {what} pairs line {p.line}: {bad}")
         if not out:
             raise InputError(str(path), f"no usable {what} pairs")
         self._say(f"nvrm train: {len(out)} {what} pairs ready ({len(rows) - len(out)} skipped)")
         return out
 
-    def _submit(self, pairs: Sequence[Pair]):
-        return self.rm.pool.map_ordered(self._encode_pair, list(pairs))
-
-    def _collect(self, futures) -> list[EncodedPair]:
-        out = []
-        for f in futures:
+    def _submit(self, pairs: Sequence[Pair]) -> list[tuple[Pair, Any, Any]]:
+        """Item jobs (text, positions; the videos too unless cached) for both sides of each pair."""
+        jobs = []
+        engine = self.rm.engine
+        for p in pairs:
             try:
-                out.append(f.result())
+                ctx = self._input(p.context, "context")
+                chosen, rejected = self._input(p.chosen, "candidate"), self._input(p.rejected, "candidate")
             except NvrmError as e:
-                self._say(f"nvrm train: skipped a pair: {e}")
+                jobs.append((p, e, None))
+                continue
+            jobs.append((p, engine.submit_item(p.prompt, ctx, chosen), engine.submit_item(p.prompt, ctx, rejected)))
+        return jobs
+
+    def _collect(self, jobs) -> list[EncodedPair]:
+        out = []
+        for p, chosen, rejected in jobs:
+            try:
+                if isinstance(chosen, NvrmError):
+                    raise chosen
+                out.append(EncodedPair(p, chosen.result().encoded, rejected.result().encoded))
+            except NvrmError as e:
+                self._say(f"nvrm train: skipped pairs line {p.line}: {e}")
         return out
 
     # ------------------------------------------------------------ model pieces
 
     def rewards(self, encoded: Sequence[Any]) -> torch.Tensor:
-        batch = collate(encoded, self.rm.pad_id)
-        positions = position_ids(self.rm.backbone, batch)
-        batch = batch.to(self.device)
-        return forward_rewards(self.rm.backbone, self.head, batch, positions=positions, normalize_hidden=self.rm.contract.normalize_hidden).float()
+        """Rewards [B] (float32, with gradients) of encoded items, through the scoring forward."""
+        batch = collate(encoded, self.rm.pad_id).to(self.device)
+        return forward_rewards(
+            self.rm.backbone,
+            self.head,
+            batch,
+            vision=self.rm.vision,
+            codec=self.rm.engine.codec,
+            normalize_hidden=self.rm.contract.normalize_hidden,
+        ).float()
 
     def _lr_factor(self, step: int) -> float:
         warm = self.cfg.warmup_steps
@@ -394,7 +412,9 @@ class Trainer:
         weight = self.head.weight.detach().to(self.export_dtype).reshape(1, -1)
         bias = self.head.bias.detach().to(self.export_dtype).reshape(1) if self.head.bias is not None else None
         head = RewardHead(weight, bias, DTYPES[self.rm.contract.head_dtype]).to(self.device)
-        return RewardModel(backbone, head, self.rm.processor, self.rm.contract, device=self.device, revision=None, path=None)
+        return RewardModel(
+            backbone, head, self.rm.processor, self.rm.contract, device=self.device, settings=self.rm.settings, engine=self.rm.engine
+        )
 
     def export(self, out: str | Path, train_file: str | Path, eval_file: str | Path | None, summary: dict[str, Any]) -> tuple[Path, RewardModel]:
         model = self.merged_model()

@@ -1,0 +1,100 @@
+"""The engine's jobs: module-level functions ``job(state, *args)`` a worker runs.
+
+A job raises ``NvrmError`` for a bad input; the engine puts it in that
+input's slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..inputs import PreparedVideo, prepare_input
+from ..prompt import check_prompt, images_kwargs
+from .encode import Encoded, GroupEncoded, encode_group, encode_item
+from .workers import WorkerState
+
+
+@dataclass(frozen=True)
+class PreparedItem:
+    """One (prompt, context, candidate) after the contract and encoding."""
+
+    context: PreparedVideo
+    candidate: PreparedVideo
+    encoded: Encoded = field(repr=False)
+
+
+def encode_video(state: WorkerState, video: PreparedVideo) -> PreparedVideo:
+    """Attach the vision input (codec patches, or the processor's pixel values)."""
+    if video.encoded:
+        return video
+    if state.codec is not None:
+        pixels, grid = state.codec.encode(video.images)
+    else:
+        out = state.processor.image_processor(
+            images=list(video.images), return_tensors="pt", **images_kwargs(state.contract)
+        )
+        pixels, grid = out["pixel_values"], out["image_grid_thw"]
+    return dataclasses.replace(video, pixels=pixels, grid=grid)
+
+
+def video_job(state: WorkerState, value: Any, role: str) -> PreparedVideo:
+    """The contract for one context or candidate, encoded."""
+    return encode_video(state, prepare_input(value, role, state.contract))
+
+
+def item_job(state: WorkerState, prompt: str, context: Any, candidate: Any) -> PreparedItem:
+    """The whole contract for one item: both videos, the text and the positions."""
+    check_prompt(state.processor, prompt)
+    ctx = video_job(state, context, "context")
+    cand = video_job(state, candidate, "candidate")
+    enc = encode_item(
+        state.processor, state.rope, prompt, (ctx.pixels, ctx.grid), (cand.pixels, cand.grid), state.contract, state.codec
+    )
+    return PreparedItem(ctx, cand, enc)
+
+
+def group_job(state: WorkerState, prompt: str, context: PreparedVideo, candidates: Sequence[PreparedVideo]) -> GroupEncoded:
+    """Token ids and positions for a group whose videos are prepared."""
+    check_prompt(state.processor, prompt)
+    return encode_group(
+        state.processor,
+        state.rope,
+        prompt,
+        (context.pixels, context.grid),
+        [(c.pixels, c.grid) for c in candidates],
+        state.contract,
+        state.codec,
+    )
+
+
+# ---------------------------------------------------------------- process boundary
+
+
+def to_numpy(obj: Any) -> Any:
+    """Tensors inside a job result -> NumPy arrays (pickled as plain bytes between processes)."""
+    return _map(obj, lambda t: t.numpy() if isinstance(t, torch.Tensor) else t)
+
+
+def to_torch(obj: Any) -> Any:
+    """The inverse of ``to_numpy`` (zero-copy)."""
+    return _map(obj, lambda t: torch.from_numpy(t) if isinstance(t, np.ndarray) else t)
+
+
+def _map(obj: Any, fn) -> Any:
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, (torch.Tensor, np.ndarray)) or dataclasses.is_dataclass(value):
+                changes[f.name] = _map(value, fn)
+            elif isinstance(value, list) and value and isinstance(value[0], (torch.Tensor, np.ndarray)):
+                changes[f.name] = [fn(v) for v in value]
+        return dataclasses.replace(obj, **changes) if changes else obj
+    return obj

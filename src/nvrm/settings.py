@@ -1,0 +1,86 @@
+"""How a model is loaded and run: one frozen object, one default and one meaning per setting.
+
+``RewardModel.from_pretrained``, the CLI, the service, the Ray actor and the
+trainer all build a ``LoadSettings``; the CLI's model flags are generated
+from its fields (``cli/options.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .limits import Limits
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+ATTENTION_NAMES = ("sdpa", "flash_attention_2", "eager")
+WORKER_KINDS = ("auto", "thread", "process")
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """Settings for loading and running a bundle (the contract itself lives in the bundle)."""
+
+    revision: str | None = field(default=None, metadata=_help("Hub revision (commit sha) to pin when the model is a repo id"))
+    device: str | None = field(default=None, metadata=_help("torch device; default cuda when available, else cpu"))
+    dtype: str = field(default="bfloat16", metadata=_help("backbone dtype", choices=DTYPE_NAMES))
+    verify: bool = field(default=True, metadata=_help("check every file against the bundle's manifest", flag="--no-verify"))
+    max_batch_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            "key positions one forward pass may hold: rows x the longest row's attended length "
+            "(a group suffix attends to its prefix too); default 16384 on CPU, sized to free memory on CUDA",
+            flag="--batch-tokens",
+        ),
+    )
+    workers: int | None = field(default=None, metadata=_help("preprocessing workers; default one per core (at most 16)"))
+    worker_kind: str = field(
+        default="auto",
+        metadata=_help("preprocessing workers as threads or processes; auto: threads up to 4 workers", choices=WORKER_KINDS),
+    )
+    compile: bool | str = field(default=False, metadata=_help("torch.compile the language model (optionally a mode)"))
+    attention: str | None = field(
+        default=None, metadata=_help("attention implementation; default flash_attention_2 on CUDA when installed, else sdpa", choices=ATTENTION_NAMES)
+    )
+    exact: bool = field(
+        default=False,
+        metadata=_help("score every item alone (no padding, no prefix reuse): bit-identical to score(), slower"),
+    )
+    lookahead: int = field(default=2, metadata=_help("groups prepared ahead of the one on the model (score_groups)"))
+    group_chunk: int = field(default=64, metadata=_help("candidates of one group prepared and scored per chunk"))
+    limits: Limits = field(default_factory=Limits, metadata=_help("bounds checked before any work", cli=False))
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.dtype not in DTYPE_NAMES:
+            problems.append(f"dtype={self.dtype!r} must be one of {', '.join(DTYPE_NAMES)}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            problems.append(f"max_batch_tokens={self.max_batch_tokens} must be >= 1")
+        if self.workers is not None and self.workers < 0:
+            problems.append(f"workers={self.workers} must be >= 0")
+        if self.worker_kind not in WORKER_KINDS:
+            problems.append(f"worker_kind={self.worker_kind!r} must be one of {', '.join(WORKER_KINDS)}")
+        if self.attention is not None and self.attention not in ATTENTION_NAMES:
+            problems.append(f"attention={self.attention!r} must be one of {', '.join(ATTENTION_NAMES)}")
+        if self.lookahead < 0:
+            problems.append(f"lookahead={self.lookahead} must be >= 0")
+        if self.group_chunk < 1:
+            problems.append(f"group_chunk={self.group_chunk} must be >= 1")
+        if not isinstance(self.limits, Limits):
+            problems.append(f"limits must be a Limits, got {type(self.limits).__name__}")
+        if problems:
+            raise ConfigError("invalid settings: " + "; ".join(problems))
+
+    def replace(self, **changes: Any) -> "LoadSettings":
+        """A copy with ``changes`` (unknown names are a ConfigError)."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **changes)
