@@ -20,9 +20,9 @@ from pathlib import Path
 
 from nvrm import RewardModel
 from nvrm.jobs.ray_runner import run_batch_ray
-from nvrm.jobs.runner import run_batch
-from nvrm.testing.bundle import build_tiny_bundle
-from nvrm.testing.clips import moving_square, write_video
+from nvrm.jobs import run_batch
+from nvrm.synth.bundles import build_tiny_bundle
+from nvrm.synth.clips import moving_square, write_video
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from nvrm.contract import RELEASE_CONTRACT
-from nvrm.testing.clips import moving_square, write_video
+from nvrm.synth.clips import moving_square, write_video
 from nvrm.video.decode import read_sampled
 
 ENCODINGS = {

@@ -29,8 +29,8 @@ import httpx
 
 from nvrm import Clip
 from nvrm.client import RewardClient
-from nvrm.testing.bundle import MID_SPEC, TinySpec, build_tiny_bundle
-from nvrm.testing.clips import moving_square
+from nvrm.synth.bundles import MID_SPEC, ArchSpec, build_tiny_bundle
+from nvrm.synth.clips import moving_square
 
 NVRM = Path(sys.executable).parent / "nvrm"
 
@@ -96,7 +96,7 @@ def main() -> None:
     cands = [Clip(moving_square(5, 64, 32, seed=10 + i, speed=1 + i), fps=1) for i in range(4)]
     out = {"machine": f"{platform.processor() or platform.machine()} x{os.cpu_count()}", "arch": args.arch, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = build_tiny_bundle(Path(tmp) / "bundle", MID_SPEC if args.arch == "mid" else TinySpec())
+        bundle = build_tiny_bundle(Path(tmp) / "bundle", MID_SPEC if args.arch == "mid" else ArchSpec())
         for mode, extra in (("batching on", ()), ("batching off", ("--max-batch-items", "1"))):
             proc, url = start(bundle, *extra)
             try:

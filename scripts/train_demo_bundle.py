@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from nvrm.cli.main import main as nvrm
-from nvrm.testing.bundle import TinySpec, build_tiny_bundle
+from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 
-DEMO_BASE = TinySpec(seed=7, rope_theta=100.0)
+DEMO_BASE = ArchSpec(seed=7, rope_theta=100.0)
 TASK = dict(train=400, eval=50, seed=0)
 TRAIN = ["--epochs", "3", "--batch-pairs", "8", "--lr", "1e-3", "--eval-every", "100"]
 ASSET = Path(__file__).resolve().parents[1] / "src" / "nvrm" / "assets" / "demo-bundle"

@@ -27,7 +27,7 @@ def _hermetic_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
-    from nvrm.testing.bundle import build_tiny_bundle
+    from nvrm.synth.bundles import build_tiny_bundle
 
     return build_tiny_bundle(tmp_path_factory.mktemp("bundle") / "tiny")
 
@@ -42,7 +42,7 @@ def model(tiny_bundle):
 @pytest.fixture(scope="session")
 def clips(tmp_path_factory) -> dict[str, Path]:
     """A few small encoded clips: 6 s contexts/candidates at 8 fps."""
-    from nvrm.testing.clips import moving_square, write_video
+    from nvrm.synth.clips import moving_square, write_video
 
     d = tmp_path_factory.mktemp("clips")
     out = {

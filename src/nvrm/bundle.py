@@ -55,13 +55,13 @@ class ManifestEntry:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class IntegrityManifest:
     name: str
     entries: tuple[ManifestEntry, ...]
     revision: str | None
 
 
-def read_manifest(bundle: Path) -> Manifest | None:
+def read_integrity_manifest(bundle: Path) -> IntegrityManifest | None:
     """Parse the first manifest found; both the dict and the list forms are accepted."""
     for name in MANIFEST_NAMES:
         path = bundle / name
@@ -91,7 +91,7 @@ def read_manifest(bundle: Path) -> Manifest | None:
         entries.append(ManifestEntry(rel, info["sha256"].lower(), int(size) if size is not None else None))
     source = data.get("source") if isinstance(data.get("source"), dict) else {}
     revision = source.get("revision") or data.get("revision")
-    return Manifest(name, tuple(entries), str(revision) if revision else None)
+    return IntegrityManifest(name, tuple(entries), str(revision) if revision else None)
 
 
 def sha256_file(path: Path) -> str:
@@ -149,7 +149,7 @@ class VerifyReport:
 def verify_bundle(bundle: str | Path, *, use_cache: bool = True) -> VerifyReport:
     """Check every manifest entry's size and sha256; all mismatches are reported at once."""
     bundle = Path(bundle)
-    manifest = read_manifest(bundle)
+    manifest = read_integrity_manifest(bundle)
     if manifest is None:
         warnings.warn(f"{bundle}: no RELEASE_MANIFEST.json or worl-bundle.json; files are not verified", stacklevel=2)
         return VerifyReport(None, 0, 0, None)

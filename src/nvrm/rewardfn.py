@@ -79,7 +79,14 @@ def make_reward_fn(
         from .client import RewardClient
 
         client = RewardClient(model_or_url, api_key=api_key, **kwargs)
-        group_fn = lambda p, c, cands: client.score_group(p, c, cands, errors="return")  # noqa: E731
+
+        def groups_fn(groups):
+            for p, c, cands in groups:
+                try:
+                    yield client.score_group(p, c, cands, errors="return")
+                except NvrmError as e:  # the whole request failed: every slot says why
+                    yield [e] * len(cands)
+
         batch_fn = lambda items: client.score(items, errors="return")  # noqa: E731
     else:
         model = model_or_url
@@ -87,22 +94,19 @@ def make_reward_fn(
             from .scoring import RewardModel
 
             model = RewardModel.from_pretrained(model_or_url, **kwargs)
-        group_fn = lambda p, c, cands: model.score_group(p, c, cands, errors="return")  # noqa: E731
+        groups_fn = lambda groups: model.score_groups(groups, errors="return")  # noqa: E731
         batch_fn = lambda items: model.score_batch(items, errors="return")  # noqa: E731
 
     def fn(prompts: Sequence[str], contexts: Sequence[Any], candidates: Sequence[Any]) -> list[float]:
         if not (len(prompts) == len(contexts) == len(candidates)):
             raise ValueError(f"prompts, contexts and candidates differ in length ({len(prompts)}, {len(contexts)}, {len(candidates)})")
         results: list[Any] = [None] * len(prompts)
-        singles: list[int] = []
-        for idx in plan_groups(prompts, contexts):
-            if len(idx) == 1:
-                singles.append(idx[0])
-                continue
-            try:
-                out = group_fn(prompts[idx[0]], contexts[idx[0]], [candidates[i] for i in idx])
-            except NvrmError as e:  # the shared context failed
-                out = [e] * len(idx)
+        plan = plan_groups(prompts, contexts)
+        groups = [idx for idx in plan if len(idx) > 1]
+        singles = [idx[0] for idx in plan if len(idx) == 1]
+        # groups stream through the model: the next groups are prepared while one is scored
+        stream = ((prompts[idx[0]], contexts[idx[0]], [candidates[i] for i in idx]) for idx in groups)
+        for idx, out in zip(groups, groups_fn(stream)):
             for i, r in zip(idx, out):
                 results[i] = r
         if singles:

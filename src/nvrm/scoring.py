@@ -17,7 +17,7 @@ import logging
 import os
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, Union
 
@@ -34,6 +34,7 @@ from .inputs import PreparedVideo, VideoInput
 from .limits import Limits
 from .model import DTYPES, RewardHead, collate, forward_rewards
 from .report.ranking import sigmoid
+from .results import ScoreResult
 from .settings import LoadSettings
 from .vision import VisionEncoder
 
@@ -41,30 +42,6 @@ log = logging.getLogger(__name__)
 
 CPU_BATCH_TOKENS = 16384
 Prepared = PreparedItem  # the name earlier releases exported
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """One reward and what produced it."""
-
-    reward: float
-    """Raw last-token logit of the reward head (bfloat16 value as a float). Higher = preferred."""
-    context_times: tuple[float, ...]
-    """Source times (s) of the context frames the model saw."""
-    candidate_times: tuple[float, ...]
-    """Source times (s) of the candidate frames the model saw."""
-    num_tokens: int
-    """Sequence length of the model input."""
-    contract: str
-    """Fingerprint of the preprocessing contract used."""
-    model_revision: str | None
-    """Bundle revision from its manifest, if recorded."""
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["context_times"] = list(self.context_times)
-        d["candidate_times"] = list(self.candidate_times)
-        return d
 
 
 @dataclass(frozen=True)
@@ -445,19 +422,19 @@ class RewardModel:
         it = iter(enumerate(groups))
         pending: deque[_PendingGroup] = deque()
 
-        def fill() -> None:
-            while len(pending) <= ahead:
+        def fill(limit: int) -> None:
+            while len(pending) < limit:
                 try:
                     k, group = next(it)
                 except StopIteration:
                     return
                 pending.append(self._submit_group(group, k))
 
-        fill()
+        fill(ahead + 1)
         try:
             while pending:
                 current = pending.popleft()
-                fill()  # group k+1.. prepare while group k is on the model
+                fill(ahead)  # groups k+1 .. k+ahead prepare while group k is on the model
                 yield self._run_group(current, errors, self.settings.exact if exact is None else exact, context_raises)
         finally:
             for p in pending:
@@ -600,10 +577,10 @@ def _default_attention(device: torch.device) -> str:
 
 
 def _manifest_revision(path: Path) -> str | None:
-    from .bundle import read_manifest
+    from .bundle import read_integrity_manifest
 
     try:
-        m = read_manifest(path)
+        m = read_integrity_manifest(path)
     except NvrmError:
         return None
     return m.revision if m else None

@@ -42,7 +42,7 @@ class VisionEncoder:
         v = self.visual
         weight = v.pos_embed.weight
         frozen = not torch.is_grad_enabled() or not weight.requires_grad
-        key = (grid, device, weight.dtype, weight.data_ptr(), weight._version)
+        key = (grid, device, weight.dtype, weight.data_ptr(), _version(weight))
         hit = self._tables.get(key) if frozen else None
         if hit is not None:
             self._tables.move_to_end(key)
@@ -76,6 +76,14 @@ class VisionEncoder:
                 merger = v.deepstack_merger_list[v.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(hidden))
         return v.merger(hidden), deepstack
+
+
+def _version(t: torch.Tensor) -> int:
+    """In-place modification counter (inference tensors have none: they cannot change outside inference mode)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 class _AttentionPlan:

@@ -17,12 +17,11 @@ import pytest
 from PIL import Image
 
 from nvrm.cli.main import main
+from helpers import bf16_ulp
 
 NVRM = Path(sys.executable).parent / "nvrm"
 
 
-def bf16_ulp(x: float) -> float:
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
 
 
 @pytest.fixture(scope="module")

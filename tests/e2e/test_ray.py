@@ -8,10 +8,9 @@ import pytest
 import ray  # installed by the test extra: these tests run in CI, never skipped
 
 from nvrm.cli.main import main
+from helpers import bf16_ulp
 
 
-def bf16_ulp(x: float) -> float:
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ import pytest
 from nvrm import Clip, RewardFnError, make_reward_fn
 from nvrm.client import RemoteItemError, RewardClient, ServiceError
 from nvrm.serve.media import encode_frames
-from nvrm.testing.clips import moving_square
+from nvrm.synth.clips import moving_square
+from helpers import bf16_ulp
 
 NVRM = Path(sys.executable).parent / "nvrm"
 
@@ -28,8 +29,6 @@ CTX = Clip(moving_square(2, 64, 32, seed=1), fps=1)
 CANDS = [Clip(moving_square(5, 64, 32, seed=10 + i, speed=1 + i), fps=1) for i in range(4)]
 
 
-def bf16_ulp(x: float) -> float:
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
 
 
 def free_port() -> int:

@@ -5,7 +5,7 @@ import torch
 
 import nvrm.scoring as scoring
 from nvrm import Clip
-from nvrm.testing.clips import moving_square
+from nvrm.synth.clips import moving_square
 
 
 def test_oom_batch_is_split_and_retried(model, monkeypatch):

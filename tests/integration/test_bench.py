@@ -2,7 +2,7 @@
 
 import json
 
-from nvrm.bench import format_table, main_json, run_bench
+from nvrm.bench import clean_json as main_json, format_table, run_bench
 
 
 def test_bench_smoke_tiny():

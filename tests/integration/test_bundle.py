@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from nvrm import BundleError, IntegrityError, RewardModel
 from nvrm.bundle import DigestCache, verify_bundle
-from nvrm.testing.bundle import build_tiny_bundle, write_manifest
-from nvrm.testing.clips import moving_square
+from nvrm.synth.bundles import build_tiny_bundle, write_manifest
+from nvrm.synth.clips import moving_square
 from nvrm import Clip
 
 CTX = Clip(moving_square(24, 64, 80, seed=1), fps=4)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvrm import Clip
-from nvrm.testing.clips import moving_square, write_video
+from nvrm.synth.clips import moving_square, write_video
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden.json"
 

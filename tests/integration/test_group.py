@@ -7,15 +7,14 @@ import torch
 
 from nvrm import Clip, Contract, ContractError, InputError, RewardModel
 from nvrm.engine.encode import to_pixel_values
-from nvrm.testing.clips import moving_square
+from nvrm.synth.clips import moving_square
+from helpers import bf16_ulp
 
 CTX = Clip(moving_square(40, 96, 128, seed=1), fps=4)
 SIZES = [(96, 128), (64, 80), (120, 90), (96, 128), (200, 48), (144, 176)]
 CANDS = [Clip(moving_square(24, *sz, seed=10 + i, speed=1 + i), fps=4) for i, sz in enumerate(SIZES)]
 
 
-def bf16_ulp(x: float) -> float:
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from nvrm import Clip
-from nvrm.testing.clips import moving_square, write_video
+from nvrm.synth.clips import moving_square, write_video
 from nvrm.engine.jobs import item_job
-from nvrm.testing.reference import ReferenceScorer, reference_images
+from nvrm.reference import ReferenceScorer, reference_images
+from helpers import bf16_ulp
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +18,6 @@ def reference(tiny_bundle):
     return ReferenceScorer(tiny_bundle)
 
 
-def bf16_ulp(x: float) -> float:
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0**-133
 
 
 @pytest.mark.parametrize("prompt", ["A person walks down the street.", "Ein Hund läuft — 街道上的行人 🚶"])

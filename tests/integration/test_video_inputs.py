@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from nvrm import Clip, ContractError, InputError
-from nvrm.testing.clips import moving_square, write_audio_only, write_video
-from nvrm.testing.reference import reference_images
+from nvrm.synth.clips import moving_square, write_audio_only, write_video
+from nvrm.reference import reference_images
 
 FORMATS = {
     # name: (frames kwargs, fps, seconds, writer kwargs, suffix)

@@ -5,7 +5,7 @@ from PIL import Image
 
 from nvrm import Clip, Contract, ContractError, InputError
 from nvrm.inputs import prepare_input, sample_input
-from nvrm.testing.clips import moving_square
+from nvrm.synth.clips import moving_square
 
 C = Contract()
 

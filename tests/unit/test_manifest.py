@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from nvrm import InputError
-from nvrm.jobs.manifest import ManifestRow, RowProblem, parse_line, pending, read_manifest
-from nvrm.jobs.runner import chunk_units
+from nvrm.jobs.engine import LocalExecutor
+from nvrm.jobs.manifest import ManifestRow, RowProblem, parse_line, pending, read_job_manifest
 
 BASE = Path("/data/m")
 
@@ -45,9 +45,9 @@ def test_duplicate_ids_are_refused_naming_both_lines(tmp_path):
     row = {"id": "a", "prompt": "p", "context": "c", "candidate": "x"}
     m.write_text(json.dumps(row) + "\n\n" + json.dumps(row) + "\n")
     with pytest.raises(InputError, match=r"id 'a' appears on lines 1 and 3"):
-        read_manifest(m)
+        read_job_manifest(m)
     with pytest.raises(InputError, match="manifest not found"):
-        read_manifest(tmp_path / "nope.jsonl")
+        read_job_manifest(tmp_path / "nope.jsonl")
 
 
 def test_pending_skips_done_keys_and_keeps_partial_groups():
@@ -61,9 +61,41 @@ def test_pending_skips_done_keys_and_keeps_partial_groups():
     assert [(u.row.id, u.indices) for u in units] == [("g", (0, 2)), ("line:3", (0,))]
 
 
-def test_chunks_never_split_a_group():
-    rows = [parse_line(json.dumps({"id": f"s{i}", "prompt": "p", "context": "c", "candidate": "x"}), i, BASE) for i in range(3)]
-    rows.insert(1, parse_line(json.dumps({"id": "g", "prompt": "p", "context": "c", "candidates": ["x"] * 5}), 9, BASE))
-    units, _ = pending(rows, set())
-    chunks = chunk_units(units, 2)
-    assert [[u.row.id for u in c] for c in chunks] == [["s0", "g"], ["s1", "s2"]]
+class FakeModel:
+    """Records how the executor calls the model; rewards are the candidate's length."""
+
+    contract = type("C", (), {"fingerprint": "f" * 64})()
+    revision = "r1"
+
+    def __init__(self):
+        self.calls = []
+
+    def score_groups(self, groups, errors="return"):
+        groups = list(groups)
+        self.calls.append(("groups", [g[0] for g in groups]))
+        from nvrm.results import ScoreResult
+
+        return iter([[ScoreResult(float(len(c)), (), (), 1, "f", "r1") for c in g[2]] for g in groups])
+
+    def score_batch(self, items, errors="return"):
+        from nvrm.results import ScoreResult
+
+        self.calls.append(("batch", [it[2] for it in items]))
+        return [ScoreResult(float(len(it[2])), (), (), 1, "f", "r1") for it in items]
+
+
+def test_local_executor_streams_group_runs_and_batches_single_runs():
+    rows = [parse_line(json.dumps({"id": f"s{i}", "prompt": "p", "context": "c", "candidate": "x" * (i + 1)}), i, BASE) for i in range(3)]
+    rows.insert(1, parse_line(json.dumps({"id": "g", "prompt": "pg", "context": "c", "candidates": ["a", "bb", "ccc"]}), 9, BASE))
+    rows.insert(2, parse_line(json.dumps({"id": "h", "prompt": "ph", "context": "c", "candidates": ["a"]}), 10, BASE))
+    rows.append(parse_line("{bad", 11, BASE))
+    units, _ = pending(rows, {("g", 1)})
+    model = FakeModel()
+    out = [r for chunk in LocalExecutor(model, batch_rows=2).rows(units) for r in chunk]
+    keys = [(r["id"], r["candidate_index"]) for r in out]
+    assert sorted(keys) == sorted({("s0", 0), ("g", 0), ("g", 2), ("h", 0), ("s1", 0), ("s2", 0), ("line:11", 0)})
+    assert len(keys) == len(set(keys))  # every row exactly once
+    assert model.calls[0] == ("batch", ["/data/m/x"]) and model.calls[1] == ("groups", ["pg", "ph"])  # one stream for the run
+    assert model.calls[2] == ("batch", ["/data/m/xx", "/data/m/xxx"])
+    bad = [r for r in out if r["id"] == "line:11"][0]
+    assert bad["reward"] is None and "not valid JSON" in bad["error"]

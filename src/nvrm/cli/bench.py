@@ -1,26 +1,93 @@
-"""``nvrm bench``: naive vs score_batch vs score_group in one run."""
+"""``nvrm bench --workload files|rl|engine|vision``: paths side by side in one run."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from ..errors import InputError
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
+    try:
+        values = tuple(int(x) for x in text.split(",") if x)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(x) for x in text.lower().split("x"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH such as 480x832, got {text!r}") from e
+    return h, w
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=["files", "rl", "engine", "vision"], default="files", help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
-    p.add_argument("--groups", type=_ints, default=(1, 4, 8, 16), help="comma-separated group sizes G")
-    p.add_argument("--contexts", type=_ints, default=(5, 10, 20), help="comma-separated context lengths in seconds")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--no-naive", action="store_true", help="skip the naive reference path")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--output", metavar="PATH", help="also write the JSON report here")
+    files = p.add_argument_group("files workload")
+    files.add_argument("--groups", type=_ints, default=(1, 4, 8, 16), help="comma-separated group sizes G")
+    files.add_argument("--contexts", type=_ints, default=(5, 10, 20), help="comma-separated context lengths in seconds")
+    files.add_argument("--no-naive", action="store_true", help="skip the naive reference path")
+    rl = p.add_argument_group("rl, engine and vision workloads")
+    rl.add_argument("--G", dest="group_sizes", type=_ints, default=(8, 16), help="comma-separated group sizes (rl)")
+    rl.add_argument("--n-groups", type=int, default=8, help="groups in the stream (rl)")
+    rl.add_argument("--context-s", type=float, default=10.0, help="context seconds (rl)")
+    rl.add_argument("--fps", type=float, default=8.0, help="frame rate of the in-memory frames (rl, engine)")
+    rl.add_argument("--size", type=_size, default=(480, 832), help="HEIGHTxWIDTH of the frames (rl, engine)")
+    rl.add_argument("--workers", type=int, default=None, help="preprocessing workers (rl)")
+    rl.add_argument("--worker-kind", choices=["auto", "thread", "process"], default="auto", help="(rl)")
+    rl.add_argument("--engine-configs", default="thread:1,thread:2,process:1,process:2", help="kind:workers list (engine)")
+    rl.add_argument("--frames", type=int, default=80, help="equal-size frames (vision)")
+    rl.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the model (default: torch's)")
+    rl.add_argument("--measure-peak", action="store_true", help="measure the device's bf16 matmul peak instead of the known figure")
+
+
+def _configs(text: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for part in text.split(","):
+        kind, _, n = part.partition(":")
+        if kind not in ("thread", "process") or not n.isdigit() or int(n) < 1:
+            raise InputError(f"--engine-configs {text}", f"{part!r} is not kind:workers with kind thread or process")
+        out.append((kind, int(n)))
+    return tuple(out)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import format_table, main_json, run_bench
+    from .. import bench
 
-    report = run_bench(args.arch, args.groups, args.contexts, device=args.device, naive=not args.no_naive)
-    print(main_json(report) if args.json else format_table(report))
+    if args.n_groups < 1:
+        raise InputError(f"--n-groups {args.n_groups}", "must be at least 1")
+    if args.torch_threads is not None:
+        import torch
+
+        if args.torch_threads < 1:
+            raise InputError(f"--torch-threads {args.torch_threads}", "must be at least 1")
+        torch.set_num_threads(args.torch_threads)
+    if args.workload == "files":
+        report = bench.run_bench(args.arch, args.groups, args.contexts, device=args.device, naive=not args.no_naive)
+        text = bench.format_table(report)
+    elif args.workload == "rl":
+        report = bench.run_rl(
+            args.arch, args.group_sizes, args.n_groups, args.context_s, args.fps, args.size,
+            device=args.device, workers=args.workers, worker_kind=args.worker_kind, measure_peak=args.measure_peak,
+        )
+        text = bench.format_rl(report)
+    elif args.workload == "engine":
+        report = bench.run_engine(args.arch, _configs(args.engine_configs), fps=args.fps, size=args.size)
+        text = bench.format_engine(report)
+    else:
+        report = bench.run_vision(args.arch, frames=args.frames, device=args.device)
+        text = bench.format_vision(report)
+    blob = bench.clean_json(report)
+    if args.output:
+        Path(args.output).write_text(blob + "\n")
+    print(blob if args.json else text)
     return 0

@@ -13,36 +13,30 @@ from ..errors import BundleError, InputError
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--model`` plus one flag per ``LoadSettings`` and ``Limits`` field (cli/options.py)."""
+    from ..limits import Limits
+    from ..settings import LoadSettings
+    from .options import add_dataclass_args
+
     p.add_argument("--model", required=required, help="bundle directory (or Hub repo id)")
-    p.add_argument("--revision", help="Hub revision to pin when --model is a repo id")
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--no-verify", action="store_true", help="skip the manifest sha256 check")
-    p.add_argument(
-        "--batch-tokens", type=int, default=None, metavar="N", help="cap on tokens per forward pass (default 16384)"
-    )
-    p.add_argument(
-        "--compile",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="MODE",
-        help="wrap the language model in torch.compile (optionally with a mode, e.g. max-autotune)",
-    )
+    add_dataclass_args(p, LoadSettings, group="model settings")
+    add_dataclass_args(p, Limits, group="limits (checked before the work they protect)")
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The ``LoadSettings`` (with its ``Limits``) the model flags describe."""
+    from ..limits import Limits
+    from ..settings import LoadSettings
+    from .options import dataclass_from_args
+
+    return dataclass_from_args(args, LoadSettings, limits=dataclass_from_args(args, Limits))
 
 
 def load_model(args: argparse.Namespace):
+    """The ``RewardModel`` of ``--model`` with the settings the flags describe."""
     from ..scoring import RewardModel
 
-    if args.batch_tokens is not None and args.batch_tokens < 1:
-        raise InputError(f"--batch-tokens {args.batch_tokens}", "must be a positive number of tokens")
-    return RewardModel.from_pretrained(
-        args.model,
-        revision=args.revision,
-        device=args.device,
-        verify=not args.no_verify,
-        max_batch_tokens=args.batch_tokens,
-        compile=args.compile,
-    )
+    return RewardModel.from_pretrained(args.model, settings=settings_from_args(args))
 
 
 # ------------------------------------------------------------------ score

@@ -38,7 +38,7 @@ def ensure_demo_bundle() -> Path:
 def write_demo_clips(folder: Path, seed: int = 424242) -> tuple[Path, dict[str, Path]]:
     """One held-out synthetic example: a 3 s context and five 5 s continuations."""
     from ..prefs.synthetic import SynthSpec, make_example
-    from ..testing.clips import write_video
+    from ..synth.clips import write_video
 
     folder.mkdir(parents=True, exist_ok=True)
     spec = SynthSpec()

@@ -14,7 +14,7 @@ from .commands import add_model_args, load_model
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
-    from ..jobs.runner import DEFAULT_FLUSH_EVERY
+    from ..jobs.engine import DEFAULT_FLUSH_EVERY
 
     add_model_args(p)
     p.add_argument("--input", required=True, help="manifest.jsonl (rows with id, prompt, context, candidate(s))")
@@ -38,40 +38,39 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    from ..jobs.manifest import read_manifest
-    from ..jobs.runner import run_batch as run
+    """``nvrm batch``: score a manifest into a durable, resumable output (locally or on Ray)."""
+    from ..jobs import LocalExecutor, run
+    from ..jobs.manifest import read_job_manifest
     from ..jobs.sink import output_format
+    from .commands import settings_from_args
 
     if args.flush_every < 1:
         raise InputError(f"--flush-every {args.flush_every}", "must be at least 1")
     output_format(Path(args.output))  # refuse an unknown extension before loading the model
-    read_manifest(args.input)  # and a manifest that cannot be read
+    read_job_manifest(args.input)  # and a manifest that cannot be read
+    settings = settings_from_args(args)
+    common = dict(resume=args.resume, overwrite=args.overwrite, flush_every=args.flush_every)
     if args.ray:
-        from ..jobs.ray_runner import run_batch_ray
+        from ..jobs.ray_runner import RayExecutor, _require_ray
 
         if args.replicas < 1:
             raise InputError(f"--replicas {args.replicas}", "must be at least 1")
-        summary = run_batch_ray(
-            args.input,
-            args.output,
-            bundle=args.model,
-            revision=args.revision,
-            device=args.device,
-            verify=not args.no_verify,
-            max_batch_tokens=args.batch_tokens,
-            resume=args.resume,
-            overwrite=args.overwrite,
+        _require_ray()
+        executor = RayExecutor(
+            args.model,
+            settings=settings,
             address=args.ray_address,
             replicas=args.replicas,
             gpus_per_replica=args.gpus_per_replica,
             cpus_per_preprocess=args.cpus_per_preprocess,
         )
+        summary = run(args.input, args.output, executor, **common)
         print(f"nvrm batch (ray, {args.replicas} replica(s)): {summary.line()}")
         return 0
-    model = load_model(args)
-    summary = run(
-        model, args.input, args.output, resume=args.resume, overwrite=args.overwrite, flush_every=args.flush_every
-    )
+    from ..scoring import RewardModel
+
+    with RewardModel.from_pretrained(args.model, settings=settings) as model:
+        summary = run(args.input, args.output, LocalExecutor(model, batch_rows=args.flush_every), **common)
     print(f"nvrm batch: {summary.line()}")
     return 0
 
@@ -150,29 +149,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def evaluate_pairs(model, pairs) -> tuple[list, list[str]]:
-    """Score every pair (chosen and rejected share the context); errors come back as lines."""
-    from ..pairs import PairProblem
-    from ..report.evaluate import PairOutcome
-
-    outcomes: list[PairOutcome] = []
-    problems: list[str] = []
-    for p in pairs:
-        if isinstance(p, PairProblem):
-            problems.append(p.message)
-            continue
-        try:
-            rc, rr = model.score_group(p.prompt, p.context, [p.chosen, p.rejected])
-        except NvrmError as e:
-            problems.append(f"pairs line {p.line}: {e}")
-            continue
-        outcomes.append(PairOutcome(rc.reward, rr.reward, p.tie))
-    return outcomes, problems
-
-
 def run_eval(args: argparse.Namespace) -> int:
     from ..pairs import read_pairs
-    from ..report.evaluate import plot_pairs, summarize
+    from ..report.evaluate import evaluate_pairs, plot_pairs, summarize
 
     pairs = read_pairs(args.pairs)
     plot = Path(args.plot) if args.plot else Path(Path(args.pairs).stem + ".rewards.png")

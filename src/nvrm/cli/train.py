@@ -41,7 +41,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..scoring import RewardModel
     from ..train.config import TrainConfig
     from ..train.trainer import Trainer
-    from .jobs import evaluate_pairs
+    from ..report.evaluate import evaluate_pairs
 
     cfg = TrainConfig(
         epochs=args.epochs, lr=args.lr, head_lr=args.head_lr, batch_pairs=args.batch_pairs, grad_accum=args.grad_accum,

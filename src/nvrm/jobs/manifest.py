@@ -108,24 +108,26 @@ def parse_line(text: str, line: int, base: Path) -> ManifestRow | RowProblem:
 
 
 def iter_manifest(path: Path) -> Iterator[ManifestRow | RowProblem]:
-    """Rows of a manifest file in order; blank lines are skipped."""
+    """Rows of a manifest file in order; blank lines are skipped, a line that is not UTF-8 is a problem row."""
     base = path.parent
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = path.open("rb")
     except FileNotFoundError as e:
         raise InputError(str(path), "manifest not found") from e
     except OSError as e:
         raise InputError(str(path), f"cannot read manifest ({e.strerror})") from e
     with handle:
-        try:
-            for n, text in enumerate(handle, start=1):
-                if text.strip():
-                    yield parse_line(text, n, base)
-        except UnicodeDecodeError as e:
-            raise InputError(str(path), f"manifest is not UTF-8 text ({e.reason})") from e
+        for n, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield RowProblem(n, f"line:{n}", 1, ("",), f"manifest line {n}: not UTF-8 text ({e.reason} at byte {e.start})")
+                continue
+            if text.strip():
+                yield parse_line(text, n, base)
 
 
-def read_manifest(path: str | Path) -> list[ManifestRow | RowProblem]:
+def read_job_manifest(path: str | Path) -> list[ManifestRow | RowProblem]:
     """All rows; refuses a manifest whose ids repeat (their output rows would collide)."""
     path = Path(path)
     if path.is_dir():

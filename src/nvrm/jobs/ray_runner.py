@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, NvrmError
-from .manifest import ManifestRow, RowProblem, pending, read_manifest
-from .runner import BatchSummary, Progress, Tally, result_row
-from .sink import open_sink
+from ..errors import InputError, InternalError, NvrmError
+from .engine import BatchSummary, run
+from .manifest import ManifestRow, RowProblem, Unit
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +96,7 @@ def _engine(bundle: str):
 
 
 def make_prepare(bundle: str):
-    """CPU task body: apply the contract to a unit's context and candidates, through the engine."""
+    """CPU task body: a unit's context and candidates through the engine, errors as data."""
 
     def prepare(rec: dict[str, Any]) -> dict[str, Any]:
         engine = _engine(bundle)
@@ -110,140 +108,113 @@ def make_prepare(bundle: str):
             return out
         try:
             out["prepared_context"] = _video_record(engine.prepare(rec["context"], "context"))
-        except NvrmError as e:
-            out["context_error"] = str(e)
-            return out
-        except Exception as e:  # noqa: BLE001
-            out["context_error"] = f"internal error: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - every failure is this unit's data
+            out["context_error"] = _message(e)
             return out
         for i in rec["indices"]:
             try:
                 out["prepared"].append({"ok": _video_record(engine.prepare(rec["candidates"][i], "candidate")), "error": ""})
-            except NvrmError as e:
-                out["prepared"].append({"ok": {}, "error": str(e)})
             except Exception as e:  # noqa: BLE001
-                out["prepared"].append({"ok": {}, "error": f"internal error: {type(e).__name__}: {e}"})
+                out["prepared"].append({"ok": {}, "error": _message(e)})
         return out
 
     return prepare
 
 
-class Scorer:
-    """Actor: loads the bundle once and turns prepared units into output rows."""
+def _message(e: BaseException) -> str:
+    return str(e) if isinstance(e, NvrmError) else str(InternalError.wrap(e))
 
-    def __init__(self, bundle: str, revision: str | None, device: str | None, verify: bool, max_batch_tokens: int | None):
+
+class Scorer:
+    """Actor: loads the bundle once and turns prepared units into output rows (``LocalExecutor``)."""
+
+    def __init__(self, bundle: str, settings):
         from ..scoring import RewardModel
 
-        self.model = RewardModel.from_pretrained(bundle, revision=revision, device=device, verify=verify, max_batch_tokens=max_batch_tokens)
+        self.model = RewardModel.from_pretrained(bundle, settings=settings)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        meta = {"contract": self.model.contract.fingerprint, "model_revision": self.model.revision}
-        rows: list[dict[str, Any]] = []
-        n = len(batch["id"])
-        singles: list[tuple[ManifestRow, int, Any, Any]] = []
-        for k in range(n):
-            rec = {key: batch[key][k] for key in batch}
-            row = _row_view(rec)
-            indices = list(rec["indices"])
-            if rec["problem"]:
-                rows += [result_row(row, i, NvrmError(rec["problem"]), meta) for i in indices]
-                continue
-            if rec["context_error"]:
-                rows += [result_row(row, i, NvrmError(rec["context_error"]), meta) for i in indices]
-                continue
-            ctx = _video_from(rec["prepared_context"])
-            cands = [(i, p) for i, p in zip(indices, rec["prepared"])]
-            bad = [(i, p["error"]) for i, p in cands if p["error"]]
-            rows += [result_row(row, i, NvrmError(msg), meta) for i, msg in bad]
-            good = [(i, _video_from(p["ok"])) for i, p in cands if not p["error"]]
-            if not good:
-                continue
-            if rec["group"]:
-                try:
-                    results = self.model.score_group(row.prompt, ctx, [v for _, v in good], errors="return")
-                except Exception as e:  # noqa: BLE001
-                    results = [e] * len(good)
-                rows += [result_row(row, i, r, meta) for (i, _), r in zip(good, results)]
-            else:
-                singles += [(row, i, ctx, v) for i, v in good]
-        if singles:
-            try:
-                results = self.model.score_batch([(r.prompt, c, v) for r, _, c, v in singles], errors="return")
-            except Exception as e:  # noqa: BLE001
-                results = [e] * len(singles)
-            rows += [result_row(r, i, res, meta) for (r, i, _, _), res in zip(singles, results)]
+        from .engine import LocalExecutor
+
+        units = [_unit_from({key: batch[key][k] for key in batch}) for k in range(len(batch["id"]))]
+        rows = [row for out in LocalExecutor(self.model).rows(units) for row in out]
         return {"row": [json.dumps(r) for r in rows]}
 
 
-def _row_view(rec: dict[str, Any]) -> ManifestRow:
-    return ManifestRow(
-        int(rec["line"]), str(rec["id"]), str(rec["prompt"]), str(rec["context"]),
-        tuple(rec["candidates"]), tuple(rec["labels"]), bool(rec["group"]),
-    )
+def _unit_from(rec: dict[str, Any]) -> Unit:
+    """A unit whose inputs are the prepared videos (a failed one keeps its path: it fails the same way again)."""
+    indices = tuple(int(i) for i in rec["indices"])
+    labels = tuple(rec["labels"])
+    if rec["problem"]:
+        return Unit(RowProblem(int(rec["line"]), str(rec["id"]), len(labels), labels, str(rec["problem"])), indices)
+    context: Any = rec["context"] if rec["context_error"] else _video_from(rec["prepared_context"])
+    candidates = list(rec["candidates"])
+    if not rec["context_error"]:
+        for i, p in zip(indices, rec["prepared"]):
+            if not p["error"]:
+                candidates[i] = _video_from(p["ok"])
+    row = ManifestRow(int(rec["line"]), str(rec["id"]), str(rec["prompt"]), context, tuple(candidates), labels, bool(rec["group"]))
+    return Unit(row, indices)
 
 
-def run_batch_ray(
-    manifest: str | Path,
-    output: str | Path,
-    *,
-    bundle: str,
-    revision: str | None = None,
-    device: str | None = None,
-    verify: bool = True,
-    max_batch_tokens: int | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    address: str | None = None,
-    replicas: int = 1,
-    gpus_per_replica: float = 0.0,
-    cpus_per_preprocess: float = 1.0,
-    rows_per_batch: int = 8,
-    progress=None,
-) -> BatchSummary:
-    """The batch job on Ray; writes exactly what ``run_batch`` writes."""
-    ray = _require_ray()
-    from ..bundle import resolve_bundle
+class RayExecutor:
+    """Maps units to rows on Ray: CPU tasks prepare, an actor pool of model replicas scores."""
 
-    t0 = time.perf_counter()
-    rows = read_manifest(manifest)
-    sink = open_sink(output, resume=resume, overwrite=overwrite)
-    try:
-        units, skipped = pending(rows, sink.done)
-        total = sum(len(u.indices) for u in units)
-        bar = Progress(total, progress)
-        tally = Tally(sink, bar)
-        if units:
-            started_here = False
-            if not ray.is_initialized():
-                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
-                started_here = True
-            try:
-                path = resolve_bundle(bundle, revision)
-                ctx = ray.data.DataContext.get_current()
-                ctx.enable_progress_bars = False
-                ds = ray.data.from_items([unit_record(u) for u in units], override_num_blocks=max(1, min(len(units), 4 * replicas)))
-                ds = ds.map(make_prepare(str(path)), num_cpus=cpus_per_preprocess)
-                ds = ds.map_batches(
-                    Scorer,
-                    fn_constructor_kwargs={
-                        "bundle": str(path), "revision": revision, "device": device,
-                        "verify": verify, "max_batch_tokens": max_batch_tokens,
-                    },
-                    batch_size=rows_per_batch,
-                    compute=ray.data.ActorPoolStrategy(size=replicas),
-                    num_gpus=gpus_per_replica or None,
-                    # a CPU request unlike the preprocessing tasks' keeps Ray from fusing the two
-                    # stages, so preprocessing scales on its own CPU tasks
-                    num_cpus=(0.5 if cpus_per_preprocess == 1 else 1) if not gpus_per_replica else None,
-                )
-                for batch in ds.iter_batches(batch_size=None, batch_format="default"):
-                    tally.write([json.loads(x) for x in batch["row"]])
-            finally:
-                bar.close()
-                if started_here:
-                    ray.shutdown()
-        sink.finish()
-    finally:
-        sink.close()
-    seconds = time.perf_counter() - t0
-    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, seconds, str(output))
+    def __init__(
+        self,
+        bundle: str,
+        *,
+        settings=None,
+        address: str | None = None,
+        replicas: int = 1,
+        gpus_per_replica: float = 0.0,
+        cpus_per_preprocess: float = 1.0,
+        rows_per_batch: int = 8,
+    ):
+        from ..settings import LoadSettings
+
+        self.bundle = bundle
+        self.settings = settings or LoadSettings()
+        self.address = address
+        self.replicas = replicas
+        self.gpus_per_replica = gpus_per_replica
+        self.cpus_per_preprocess = cpus_per_preprocess
+        self.rows_per_batch = rows_per_batch
+
+    def rows(self, units):
+        ray = _require_ray()
+        from ..bundle import resolve_bundle
+
+        started_here = False
+        if not ray.is_initialized():
+            ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            started_here = True
+        try:
+            path = resolve_bundle(self.bundle, self.settings.revision)
+            ctx = ray.data.DataContext.get_current()
+            ctx.enable_progress_bars = False
+            ds = ray.data.from_items([unit_record(u) for u in units], override_num_blocks=max(1, min(len(units), 4 * self.replicas)))
+            ds = ds.map(make_prepare(str(path)), num_cpus=self.cpus_per_preprocess)
+            ds = ds.map_batches(
+                Scorer,
+                fn_constructor_kwargs={"bundle": str(path), "settings": self.settings},
+                batch_size=self.rows_per_batch,
+                compute=ray.data.ActorPoolStrategy(size=self.replicas),
+                num_gpus=self.gpus_per_replica or None,
+                # a CPU request unlike the preprocessing tasks' keeps Ray from fusing the two
+                # stages, so preprocessing scales on its own CPU tasks
+                num_cpus=(0.5 if self.cpus_per_preprocess == 1 else 1) if not self.gpus_per_replica else None,
+            )
+            for batch in ds.iter_batches(batch_size=None, batch_format="default"):
+                yield [json.loads(x) for x in batch["row"]]
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+def run_batch_ray(manifest: str | Path, output: str | Path, *, bundle: str, settings=None,
+                  resume: bool = False, overwrite: bool = False, progress=None, **ray_options: Any) -> BatchSummary:
+    """The batch job on Ray; writes exactly what the local job writes."""
+    _require_ray()
+    executor = RayExecutor(bundle, settings=settings, **ray_options)
+    return run(manifest, output, executor, resume=resume, overwrite=overwrite, progress=progress)

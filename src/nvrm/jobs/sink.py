@@ -166,11 +166,24 @@ class Sink:
             self._fh.close()
 
 
-def open_sink(output: str | Path, *, resume: bool = False, overwrite: bool = False) -> Sink:
-    """Open the output for appending; refuses to clobber unless ``resume`` or ``overwrite``."""
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def open_sink(output: str | Path, *, resume: bool = False, overwrite: bool = False, manifest: str | Path | None = None) -> Sink:
+    """Open the output for appending; refuses to clobber unless ``resume`` or ``overwrite``,
+    and refuses an output (or its journal) that is the job's own ``manifest``."""
     output = Path(output)
     fmt = output_format(output)
     journal = output if fmt == "jsonl" else output.with_name(output.name + ".journal.jsonl")
+    if manifest is not None:
+        m = Path(manifest)
+        for p in {output, journal}:
+            if p.resolve() == m.resolve() or _same_file(p, m):
+                raise InputError(str(output), f"is the input manifest {manifest}; choose another output file")
     if output.is_dir():
         raise InputError(str(output), "is a directory; give an output file name")
     if not output.parent.exists():

@@ -97,7 +97,7 @@ def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarr
 
 def write_task(out: str | Path, n_train: int, n_eval: int, *, seed: int = 0, spec: SynthSpec = SynthSpec()) -> dict[str, Path]:
     """Write clips and ``train_pairs.jsonl`` / ``eval_pairs.jsonl`` (4 pairs per example)."""
-    from ..testing.clips import write_video
+    from ..synth.clips import write_video
 
     out = Path(out)
     (out / "clips").mkdir(parents=True, exist_ok=True)

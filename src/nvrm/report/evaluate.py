@@ -113,3 +113,29 @@ def plot_pairs(outcomes: Sequence[PairOutcome], path: str | Path, title: str = "
     fig.savefig(path, format="png")
     plt.close(fig)
     return path
+
+
+def evaluate_pairs(model, pairs) -> tuple[list[PairOutcome], list[str]]:
+    """Score every pair (chosen and rejected share the context, one group each, streamed).
+
+    Args:
+        model: a ``RewardModel``.
+        pairs: ``Pair``s and ``PairProblem``s from ``read_pairs``.
+
+    Returns:
+        (outcomes of the pairs that scored, one line per pair that did not).
+    """
+    from ..errors import NvrmError
+    from ..pairs import PairProblem
+
+    problems = [p.message for p in pairs if isinstance(p, PairProblem)]
+    good = [p for p in pairs if not isinstance(p, PairProblem)]
+    outcomes: list[PairOutcome] = []
+    stream = ((p.prompt, p.context, [p.chosen, p.rejected]) for p in good)
+    for p, (rc, rr) in zip(good, model.score_groups(stream, errors="return")):
+        bad = rc if isinstance(rc, NvrmError) else rr if isinstance(rr, NvrmError) else None
+        if bad is not None:
+            problems.append(f"pairs line {p.line}: {bad}")
+        else:
+            outcomes.append(PairOutcome(rc.reward, rr.reward, p.tie))
+    return outcomes, problems

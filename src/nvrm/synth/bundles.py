@@ -69,7 +69,7 @@ _CORPUS = (
 
 
 @dataclass(frozen=True)
-class TinySpec:
+class ArchSpec:
     """Architecture of a test bundle (Qwen3-VL shaped, tiny sizes)."""
 
     hidden_size: int = 64
@@ -93,7 +93,7 @@ class TinySpec:
     extra_text: dict = field(default_factory=dict)
 
 
-MID_SPEC = TinySpec(
+MID_SPEC = ArchSpec(
     hidden_size=256,
     num_layers=4,
     num_heads=8,
@@ -111,7 +111,7 @@ MID_SPEC = TinySpec(
 )
 """A mid-size random bundle for CPU benchmarks (a few tens of MB)."""
 
-QWEN3_VL_4B_SPEC = TinySpec(
+QWEN3_VL_4B_SPEC = ArchSpec(
     hidden_size=2560,
     num_layers=36,
     num_heads=32,
@@ -186,7 +186,7 @@ def build_processor(tokenizer, chat_template: str = CHAT_TEMPLATE):
     )
 
 
-def build_config(spec: TinySpec, tokenizer):
+def build_config(spec: ArchSpec, tokenizer):
     from transformers import Qwen3VLConfig
 
     vocab = len(tokenizer)
@@ -239,7 +239,7 @@ def _seeded_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> 
     return torch.randn(shape, generator=g) * std
 
 
-def random_state_dict(config, spec: TinySpec) -> dict[str, torch.Tensor]:
+def random_state_dict(config, spec: ArchSpec) -> dict[str, torch.Tensor]:
     """Backbone weights in the bare ``Qwen3VLModel`` key layout, bfloat16."""
     from accelerate import init_empty_weights
     from transformers import Qwen3VLModel
@@ -263,7 +263,7 @@ def random_state_dict(config, spec: TinySpec) -> dict[str, torch.Tensor]:
 
 def build_tiny_bundle(
     out_dir: str | Path,
-    spec: TinySpec = TinySpec(),
+    spec: ArchSpec = ArchSpec(),
     *,
     key_layout: Literal["bare", "prefixed"] = "bare",
     shards: int = 3,

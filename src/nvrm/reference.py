@@ -19,7 +19,7 @@ from PIL import Image
 from qwen_vl_utils import fetch_image
 from safetensors.torch import load_file
 
-from ..contract import Contract
+from .contract import Contract
 
 
 def decode_all(path: str | Path) -> tuple[list[float], list[Image.Image], float | None]:

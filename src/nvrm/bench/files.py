@@ -1,4 +1,4 @@
-"""``nvrm bench``: the naive path vs score_batch vs score_group, side by side.
+"""``nvrm bench --workload files``: the naive path vs score_batch vs score_group, side by side.
 
 For each context length and group size G, the same prompt, context file and G
 candidate files go through:
@@ -16,19 +16,15 @@ bit-identical to the reference.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import tempfile
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .bundle import cache_dir
+from .common import PeakMemory, build_bench_bundle, device_name, timed
 
 
 @dataclass
@@ -44,61 +40,8 @@ class Row:
     max_abs_diff_vs_naive: float
 
 
-class PeakMemory:
-    """Peak extra memory while a block runs: CUDA allocator peak, else sampled RSS."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.peak_mb = 0.0
-
-    def __enter__(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._base = torch.cuda.memory_allocated()
-            return self
-        import psutil
-
-        self._proc = psutil.Process()
-        self._base = self._proc.memory_info().rss
-        self._peak = self._base
-        self._stop = threading.Event()
-
-        def sample():
-            while not self._stop.wait(0.005):
-                self._peak = max(self._peak, self._proc.memory_info().rss)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            self.peak_mb = (torch.cuda.max_memory_allocated() - self._base) / 2**20
-        else:
-            self._stop.set()
-            self._thread.join()
-            self._peak = max(self._peak, self._proc.memory_info().rss)
-            self.peak_mb = (self._peak - self._base) / 2**20
-
-
-def build_bench_bundle(arch: str) -> Path:
-    from .testing.bundle import MID_SPEC, TinySpec, build_tiny_bundle
-
-    specs = {"mid": MID_SPEC, "tiny": TinySpec()}
-    if arch == "4b":
-        from .testing.bundle import QWEN3_VL_4B_SPEC
-
-        specs["4b"] = QWEN3_VL_4B_SPEC
-    path = cache_dir() / f"bench-bundle-{arch}"
-    if not (path / "RELEASE_MANIFEST.json").is_file():
-        build_tiny_bundle(path, specs[arch], revision=f"bench-{arch}", label=f"nvrm random-weight benchmark bundle ({arch})")
-    return path
-
-
 def make_clips(folder: Path, context_s: int, groups: int, fps: int, size: tuple[int, int]):
-    from .testing.clips import moving_square, write_video
+    from ..synth.clips import moving_square, write_video
 
     folder.mkdir(parents=True, exist_ok=True)
     h, w = size
@@ -110,23 +53,13 @@ def make_clips(folder: Path, context_s: int, groups: int, fps: int, size: tuple[
     return ctx, cands
 
 
-def _timed(fn, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t
-
-
 def bench_preprocessing(model, files: list[Path]) -> dict:
     """frames/s of the reference pipeline vs the runtime's pooled pipeline, and bit-identity."""
-    from .testing.reference import reference_images
+    from ..reference import reference_images
 
     roles = ["context"] + ["candidate"] * (len(files) - 1)
-    ref, t_ref = _timed(lambda: [reference_images(f, r, model.contract) for f, r in zip(files, roles)], torch.device("cpu"))
-    ours, t_ours = _timed(
+    ref, t_ref = timed(lambda: [reference_images(f, r, model.contract) for f, r in zip(files, roles)], torch.device("cpu"))
+    ours, t_ours = timed(
         lambda: [f.result() for f in [model.engine.submit_video(f, r) for f, r in zip(files, roles)]],
         torch.device("cpu"),
     )
@@ -153,8 +86,8 @@ def run_bench(
     size: tuple[int, int] = (240, 320),
     naive: bool = True,
 ) -> dict:
-    from .scoring import RewardModel
-    from .testing.reference import ReferenceScorer
+    from ..scoring import RewardModel
+    from ..reference import ReferenceScorer
 
     bundle = build_bench_bundle(arch)
     model = RewardModel.from_pretrained(bundle, device=device)
@@ -174,13 +107,13 @@ def run_bench(
                 results = {}
                 if reference is not None:
                     with PeakMemory(dev) as mem:
-                        rewards, t = _timed(lambda: [reference.score_files(prompt, ctx, c) for c in cands], dev)
+                        rewards, t = timed(lambda: [reference.score_files(prompt, ctx, c) for c in cands], dev)
                     results["naive"] = (rewards, t, mem.peak_mb, None)
                 with PeakMemory(dev) as mem:
-                    out, t = _timed(lambda: model.score_batch([(prompt, ctx, c) for c in cands]), dev)
+                    out, t = timed(lambda: model.score_batch([(prompt, ctx, c) for c in cands]), dev)
                 results["batch"] = ([r.reward for r in out], t, mem.peak_mb, sum(r.num_tokens for r in out))
                 with PeakMemory(dev) as mem:
-                    out, t = _timed(lambda: model.score_group(prompt, ctx, cands), dev)
+                    out, t = timed(lambda: model.score_group(prompt, ctx, cands), dev)
                 results["group"] = ([r.reward for r in out], t, mem.peak_mb, sum(r.num_tokens for r in out))
                 tokens = results["batch"][3]
                 base = results.get("naive")
@@ -201,22 +134,12 @@ def run_bench(
     return {
         "arch": arch,
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+        "device_name": device_name(dev),
         "threads": torch.get_num_threads(),
         "clip": {"fps": fps, "height": size[0], "width": size[1], "codec": "h264"},
         "preprocessing": prep,
         "rows": [asdict(r) for r in rows],
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
-    except OSError:
-        pass
-    return f"cpu x{os.cpu_count()}"
 
 
 def format_table(report: dict) -> str:
@@ -238,18 +161,3 @@ def format_table(report: dict) -> str:
             f"{r['tokens_per_s']:.0f} | {r['peak_mem_mb']:.0f} | {r['speedup_vs_naive']:.2f}x | {r['max_abs_diff_vs_naive']:.3g} |"
         )
     return "\n".join(lines)
-
-
-def main_json(report: dict) -> str:
-    """Strict JSON: NaN (no naive baseline) becomes null."""
-
-    def clean(o):
-        if isinstance(o, float) and math.isnan(o):
-            return None
-        if isinstance(o, dict):
-            return {k: clean(v) for k, v in o.items()}
-        if isinstance(o, list):
-            return [clean(v) for v in o]
-        return o
-
-    return json.dumps(clean(report))

@@ -1,0 +1,15 @@
+"""``nvrm bench``: workloads that compare paths side by side in one run.
+
+- ``files``: the naive reference vs ``score_batch`` vs ``score_group`` on encoded files;
+- ``rl``: a world-model RL step with in-memory frames: stages, paths, overlap, TFLOP/s;
+- ``engine``: the preprocessing engine's frames/s by worker count and kind;
+- ``vision``: the vision path before and after batching its attention.
+"""
+
+from .common import clean_json
+from .engine import format_engine, run_engine
+from .files import format_table, run_bench
+from .rl import format_rl, run_rl
+from .vision import format_vision, run_vision
+
+__all__ = ["run_bench", "format_table", "run_rl", "format_rl", "run_engine", "format_engine", "run_vision", "format_vision", "clean_json"]

@@ -1,0 +1,68 @@
+"""Command-line flags generated from the settings dataclasses, so each setting is declared once.
+
+``add_dataclass_args(parser, LoadSettings)`` adds one flag per field: the name
+with dashes (or the field's ``flag`` metadata), the field's help text and
+default, its type from the annotation; booleans that default to True get a
+``--no-...`` flag. ``dataclass_from_args`` builds the object back, so a
+flag can never drift from the field it sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _kind(f: dataclasses.Field, hints: dict[str, Any]) -> Any:
+    t = hints[f.name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if args and typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else t
+
+
+def add_dataclass_args(parser: argparse._ActionsContainer, cls: type, *, exclude: tuple[str, ...] = (), group: str | None = None) -> None:
+    """One flag per field of ``cls`` (fields with ``cli=False`` metadata and ``exclude`` are skipped)."""
+    target = parser.add_argument_group(group) if group else parser
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in exclude or f.metadata.get("cli", True) is False:
+            continue
+        flag = flag_of(f)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f.metadata.get("help", "")
+        kind = _kind(f, hints)
+        dest = f"{cls.__name__}.{f.name}"
+        if f.name == "compile":  # --compile [MODE]
+            target.add_argument(flag, dest=dest, nargs="?", const=True, default=default, metavar="MODE", help=help_text)
+        elif kind is bool:
+            if default is True:
+                target.add_argument(flag, dest=dest, action="store_false", help=help_text + " (on by default; this flag turns it off)")
+            else:
+                target.add_argument(flag, dest=dest, action="store_true", help=help_text)
+        else:
+            caster = kind if kind in (int, float, str) else str
+            choices = f.metadata.get("choices")
+            shown = "" if default is None else f" (default {default})"
+            target.add_argument(flag, dest=dest, type=caster, default=default, choices=choices, metavar=None if choices else f.name.upper(), help=help_text + shown)
+
+
+def dataclass_from_args(args: argparse.Namespace, cls: type, **extra: Any) -> Any:
+    """Build ``cls`` from the flags ``add_dataclass_args`` added (plus ``extra`` fields)."""
+    values = dict(extra)
+    prefix = cls.__name__ + "."
+    for key, value in vars(args).items():
+        if key.startswith(prefix):
+            values[key[len(prefix):]] = value
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid {cls.__name__}: {e}") from e

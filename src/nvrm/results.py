@@ -1,0 +1,89 @@
+"""A score or an error, and the one place it becomes a dict or an output row.
+
+Torch-free: the HTTP client and the batch output use it without loading a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """One reward and what produced it."""
+
+    reward: float
+    """Raw last-token logit of the reward head (bfloat16 value as a float). Higher = preferred."""
+    context_times: tuple[float, ...]
+    """Source times (s) of the context frames the model saw."""
+    candidate_times: tuple[float, ...]
+    """Source times (s) of the candidate frames the model saw."""
+    num_tokens: int
+    """Sequence length of the model input."""
+    contract: str
+    """Fingerprint of the preprocessing contract used."""
+    model_revision: str | None
+    """Bundle revision from its manifest, if recorded."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, times as lists (JSON-ready)."""
+        d = asdict(self)
+        d["context_times"] = list(self.context_times)
+        d["candidate_times"] = list(self.candidate_times)
+        return d
+
+
+def one_line(e: BaseException) -> str:
+    """An error's message on one line; unexpected ones say so."""
+    from .errors import NvrmError
+
+    text = str(e) if isinstance(e, NvrmError) else f"internal error: {type(e).__name__}: {e}"
+    return " ".join(text.split())
+
+
+def error_code(e: BaseException) -> str:
+    """The stable code of an item error: contract_violation, limit_exceeded, invalid_input, internal, error."""
+    from .errors import ContractError, InputError, InternalError, LimitError, NvrmError
+
+    if isinstance(e, ContractError):
+        return "contract_violation"
+    if isinstance(e, LimitError):
+        return "limit_exceeded"
+    if isinstance(e, InternalError) or not isinstance(e, NvrmError):
+        return "internal"
+    if isinstance(e, InputError):
+        return "invalid_input"
+    return "error"
+
+
+def item_dict(result: "ScoreResult | BaseException") -> dict[str, Any]:
+    """What the service returns per item: the reward fields, or ``{"error": {"code", "message"}}``."""
+    if isinstance(result, BaseException):
+        return {"error": {"code": error_code(result), "message": one_line(result)}}
+    return {
+        "reward": result.reward,
+        "num_tokens": result.num_tokens,
+        "context_times": list(result.context_times),
+        "candidate_times": list(result.candidate_times),
+    }
+
+
+def result_row(row: Any, index: int, result: "ScoreResult | BaseException", meta: dict[str, Any]) -> dict[str, Any]:
+    """One batch output row for candidate ``index`` of manifest ``row`` (reward or a one-line error)."""
+    out = {
+        "id": row.id,
+        "candidate_index": int(index),
+        "candidate": row.labels[index] if index < len(row.labels) else "",
+        "reward": None,
+        "error": None,
+        "num_tokens": None,
+        "contract": meta["contract"],
+        "model_revision": meta["model_revision"],
+    }
+    if isinstance(result, BaseException):
+        out["error"] = one_line(result)
+    else:
+        out["reward"] = result.reward
+        out["num_tokens"] = result.num_tokens
+    return out
