@@ -104,8 +104,16 @@ def sha256_file(path: Path) -> str:
 
 
 class DigestCache:
-    """sha256 digests keyed by (absolute path, size, mtime), so an unchanged
-    9 GB bundle is hashed once, not on every load."""
+    """sha256 digests of unchanged files, so a 9 GB bundle is hashed once, not on every load.
+
+    The key is (absolute path, size, mtime, ctime, inode). ``touch -r`` can
+    restore a file's mtime after an edit but not its ctime, which the kernel
+    sets on every change and user space cannot set back; replacing the file
+    changes its inode. Threat model: this catches accidental and ordinary
+    tampering (an edited, copied-over or replaced file). It does not stand
+    against someone who can reset the system clock or write the raw disk
+    (root): use ``verify --no-cache`` (``use_cache=False``) to hash every byte.
+    """
 
     def __init__(self, path: Path | None = None):
         self.path = path or (cache_dir() / "digests.json")
@@ -118,7 +126,7 @@ class DigestCache:
     @staticmethod
     def _key(file: Path) -> str:
         st = file.stat()
-        return f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        return f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
 
     def digest(self, file: Path) -> str:
         key = self._key(file)
@@ -146,6 +154,37 @@ class VerifyReport:
     revision: str | None
 
 
+# Files whose presence changes what the runtime computes. In verified mode each
+# one that exists must be listed in the manifest.
+SCORING_FILES = (
+    "config.json",
+    INDEX_FILE,
+    HEAD_FILE,
+    "nvrm_contract.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "chat_template.jinja",
+)
+
+
+def scoring_files(bundle: Path) -> list[str]:
+    """Relative paths of every file present that can change a score (weights, configs, processor, template)."""
+    names = {n for n in SCORING_FILES if (bundle / n).is_file()}
+    names |= {p.name for p in bundle.glob("*.safetensors") if p.is_file()}
+    templates = bundle / "chat_templates"
+    if templates.is_dir():
+        names |= {p.relative_to(bundle).as_posix() for p in templates.rglob("*") if p.is_file()}
+    return sorted(names)
+
+
 def verify_bundle(bundle: str | Path, *, use_cache: bool = True) -> VerifyReport:
     """Check every manifest entry's size and sha256; all mismatches are reported at once."""
     bundle = Path(bundle)
@@ -166,6 +205,10 @@ def verify_bundle(bundle: str | Path, *, use_cache: bool = True) -> VerifyReport
             continue
         if cache.digest(file) != entry.sha256:
             problems.append(f"{entry.path} sha256 does not match the manifest")
+    listed = {e.path for e in manifest.entries}
+    for name in scoring_files(bundle):
+        if name not in listed:
+            problems.append(f"{name} is not listed (in verified mode only listed files may affect scoring; remove it or add it to the manifest)")
     if use_cache:
         cache.save()
     if problems:
@@ -244,7 +287,14 @@ def backbone_files(bundle: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError) as e:
             raise BundleError(f"{index}: unreadable shard index ({e})") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise BundleError(f"{index}: weight_map must map weight names to shard file names")
         names = sorted(set(weight_map.values()))
+        root = bundle.resolve()
+        for n in names:
+            target = (bundle / n).resolve()
+            if Path(n).is_absolute() or ".." in Path(n).parts or root not in target.parents:
+                raise BundleError(f"{index}: shard {n!r} lies outside the bundle; shard names must be files in the bundle folder")
         missing = [n for n in names if not (bundle / n).is_file()]
         if missing:
             raise BundleError(f"{bundle}: shard(s) listed in {INDEX_FILE} are missing: {', '.join(missing)}")
@@ -348,7 +398,27 @@ def load_head(bundle: Path, hidden_size: int) -> tuple[torch.Tensor, torch.Tenso
     return weight, bias
 
 
+def template_source(bundle: Path) -> str | None:
+    """Which file the runtime's chat template comes from (transformers' precedence, then the
+    tokenizer's template as the fallback); None when the bundle has none."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (bundle / name).is_file():
+            return name
+    for name in ("processor_config.json", "tokenizer_config.json"):
+        try:
+            if "chat_template" in json.loads((bundle / name).read_text(encoding="utf-8")):
+                return name
+        except (OSError, ValueError, TypeError):
+            continue
+    return None
+
+
 def load_processor(bundle: Path):
+    """The bundle's processor, with its chat template: ``chat_template.jinja`` / ``.json`` (or the
+    processor config), else the tokenizer's own template from ``tokenizer_config.json``.
+
+    Sets ``processor._nvrm_template_source`` to the file it came from.
+    """
     from transformers import AutoProcessor
 
     try:
@@ -356,8 +426,30 @@ def load_processor(bundle: Path):
     except (OSError, ValueError, KeyError) as e:
         raise BundleError(f"{bundle}: cannot load processor/tokenizer assets ({' '.join(str(e).split())[:300]})") from e
     if getattr(processor, "chat_template", None) is None:
-        raise BundleError(f"{bundle}: processor has no chat template (chat_template.jinja or chat_template.json)")
+        fallback = getattr(processor.tokenizer, "chat_template", None)
+        if not fallback:
+            raise BundleError(
+                f"{bundle}: no chat template (looked for chat_template.jinja, chat_template.json, "
+                "processor_config.json and the tokenizer's template in tokenizer_config.json)"
+            )
+        processor.chat_template = fallback if isinstance(fallback, str) else dict(fallback)
+    processor._nvrm_template_source = template_source(bundle) or "tokenizer_config.json"
     return processor
+
+
+def preprocessing_fingerprint(bundle: Path, contract) -> str:
+    """sha256 over the contract and every processor, tokenizer and template file the bundle has.
+
+    Two rewards are comparable when this agrees: the same frames, the same
+    layout, the same tokens (weights are covered by the manifest revision).
+    """
+    h = hashlib.sha256(contract.to_json().encode("ascii"))
+    for name in scoring_files(bundle):
+        if name.endswith(".safetensors") or name in ("config.json", INDEX_FILE, HEAD_FILE):
+            continue
+        h.update(f"\n{name}\n".encode())
+        h.update(hashlib.sha256((bundle / name).read_bytes()).digest())
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------ writing bundles

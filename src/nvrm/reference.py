@@ -74,15 +74,38 @@ def reference_images(path: str | Path, role: str, contract: Contract) -> tuple[l
     return [contract_image(images[i], contract) for i in idx], [times[i] for i in idx]
 
 
+def load_reference_model(bundle: str | Path):
+    """transformers' own loader, strictly: ``Qwen3VLForConditionalGeneration.from_pretrained`` maps both the
+    bare (``language_model.*``) and the prefixed (``model.language_model.*``) key layouts; any weight it would
+    leave newly initialised, or not use, is an error that names the keys."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    full, info = Qwen3VLForConditionalGeneration.from_pretrained(str(bundle), dtype=torch.bfloat16, output_loading_info=True)
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(str(k) for k in info.get(kind, []) if not str(k).startswith("lm_head."))
+        if keys:
+            problems.append(f"{kind.replace('_', ' ')}: {', '.join(keys[:5])}" + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""))
+    # transformers does not report a tied weight (embed_tokens <-> lm_head) it could not load: it stays on meta
+    meta = sorted(n for n, t in [*full.model.named_parameters(), *full.model.named_buffers()] if t.is_meta)
+    if meta:
+        problems.append(f"missing keys: {', '.join(meta[:5])}" + (f" (+{len(meta) - 5} more)" if len(meta) > 5 else ""))
+    if problems:
+        raise ValueError(f"{bundle}: the reference would run with weights that are not the bundle's: " + "; ".join(problems))
+    return full.model
+
+
 class ReferenceScorer:
     """transformers' own loader + processor + a plain forward, one item at a time."""
 
     def __init__(self, bundle: str | Path, contract: Contract | None = None, device: str = "cpu"):
-        from transformers import AutoProcessor, Qwen3VLModel
+        from transformers import AutoProcessor
 
         self.contract = contract or Contract.for_bundle(bundle)
         self.processor = AutoProcessor.from_pretrained(str(bundle))
-        self.model = Qwen3VLModel.from_pretrained(str(bundle), dtype=torch.bfloat16).to(device).eval()
+        if self.processor.chat_template is None:  # the template only in tokenizer_config.json
+            self.processor.chat_template = self.processor.tokenizer.chat_template
+        self.model = load_reference_model(bundle).to(device).eval()
         head = load_file(str(Path(bundle) / "nvrm_head.safetensors"))
         self.weight = head["rm_head.weight"].to(device, torch.bfloat16)
         self.bias = head.get("rm_head.bias")

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, Union
 import torch
 
 from .batching import plan_batches
-from .bundle import load_backbone, load_head, load_processor, read_config, resolve_bundle, verify_bundle
+from .bundle import load_backbone, load_head, load_processor, preprocessing_fingerprint, read_config, resolve_bundle, verify_bundle
 from .contract import Contract
 from .engine import Engine, PreparedGroup, PreparedItem, RopeSpec
 from .engine.encode import Encoded, encode_item
@@ -166,6 +166,10 @@ class RewardModel:
         )
         tok = processor.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.fingerprint = preprocessing_fingerprint(path, contract) if path is not None else contract.fingerprint
+        """Fingerprint of the preprocessing: the contract plus the bundle's processor, tokenizer and
+        template files. Every result records it (``ScoreResult.contract``); rewards are comparable
+        only when it agrees."""
 
     @property
     def limits(self) -> Limits:
@@ -263,7 +267,7 @@ class RewardModel:
             context_times=context.times,
             candidate_times=candidate.times,
             num_tokens=num_tokens,
-            contract=self.contract.fingerprint,
+            contract=self.fingerprint,
             model_revision=self.revision,
         )
 
@@ -558,6 +562,7 @@ class RewardModel:
             "device": str(self.device),
             "dtype": str(self.backbone.dtype).replace("torch.", ""),
             "contract": self.contract.fingerprint,
+            "preprocessing": self.fingerprint,
             "chat_template": getattr(self.processor, "_nvrm_template_source", "processor"),
             "max_batch_tokens": self.max_batch_tokens,
             "workers": {"count": self.engine.workers, "kind": self.engine.kind},

@@ -19,7 +19,7 @@ def test_score_json(tiny_bundle, clips, capsys, model):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["reward"] == model.score("Ein Hund läuft", clips["context"], clips["cand_a"]).reward
-    assert out["contract"] == model.contract.fingerprint and out["model_revision"] == "tiny-test-0001"
+    assert out["contract"] == model.fingerprint and out["model_revision"] == "tiny-test-0001"
     assert out["candidate_times"] == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 

@@ -180,3 +180,62 @@ def test_wrong_architecture_is_refused(tmp_path, tiny_bundle):
 def test_missing_bundle_dir_is_a_clear_error(tmp_path):
     with pytest.raises(BundleError, match="no such bundle directory"):
         RewardModel.from_pretrained(tmp_path / "nope")
+
+
+def test_digest_cache_is_not_fooled_by_a_restored_mtime(tmp_path, tiny_bundle):
+    b = _copy(tiny_bundle, tmp_path)
+    verify_bundle(b)  # fills the digest cache (NVRM_CACHE_DIR is per test session)
+    shard = sorted(b.glob("model-*.safetensors"))[0]
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # what `touch -r` does
+    assert shard.stat().st_mtime_ns == st.st_mtime_ns and shard.stat().st_size == st.st_size
+    with pytest.raises(IntegrityError, match=f"{shard.name} sha256 does not match"):
+        verify_bundle(b)
+    with pytest.raises(IntegrityError):
+        RewardModel.from_pretrained(b, device="cpu")
+
+
+@pytest.mark.parametrize("extra", ["chat_template.json", "chat_templates/extra.jinja", "nvrm_contract.json", "processor_config.json"])
+def test_unlisted_files_that_change_scoring_are_refused_when_verifying(tmp_path, tiny_bundle, extra):
+    b = _copy(tiny_bundle, tmp_path)
+    assert not (b / extra).exists()
+    content = {"nvrm_contract.json": "{}", "chat_templates/extra.jinja": "{{ messages }}"}.get(extra, '{"chat_template": "{{ messages }}"}')
+    (b / extra).parent.mkdir(exist_ok=True)
+    (b / extra).write_text(content)
+    with pytest.raises(IntegrityError, match=f"{extra} is not listed"):
+        verify_bundle(b)
+    with pytest.raises(IntegrityError, match=extra):
+        RewardModel.from_pretrained(b, device="cpu")
+    RewardModel.from_pretrained(b, device="cpu", verify=False).close()  # unverified: the user's choice
+
+
+def test_an_added_index_and_shard_cannot_swap_the_weights(tmp_path, tiny_bundle):
+    b = _copy(tiny_bundle, tmp_path)
+    state = {}
+    for shard in sorted(b.glob("model-*.safetensors")):
+        state.update(load_file(str(shard)))
+        shard.unlink()
+    save_file(state, str(b / "model.safetensors"), metadata={"format": "pt"})
+    (b / "model.safetensors.index.json").unlink()
+    write_manifest(b)  # a single-file bundle, verified
+    RewardModel.from_pretrained(b, device="cpu").close()
+    evil = {k: torch.zeros_like(v) for k, v in state.items()}
+    save_file(evil, str(b / "model-evil.safetensors"), metadata={"format": "pt"})
+    (b / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: "model-evil.safetensors" for k in evil}}))
+    with pytest.raises(IntegrityError, match="model-evil.safetensors is not listed.*|model.safetensors.index.json is not listed"):
+        RewardModel.from_pretrained(b, device="cpu")
+
+
+def test_index_entries_must_stay_inside_the_bundle(tmp_path, tiny_bundle):
+    b = _copy(tiny_bundle, tmp_path)
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(sorted(b.glob("model-*.safetensors"))[0], outside)
+    index = json.loads((b / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = "../outside.safetensors"
+    (b / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(BundleError, match="lies outside the bundle"):
+        RewardModel.from_pretrained(b, device="cpu", verify=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import bf16_ulp
+from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
 from nvrm import Clip, Contract, ContractError, InputError, RewardModel
 from nvrm.synth.clips import moving_square
 
@@ -107,7 +107,7 @@ def test_group_reward_is_the_single_reward_within_bf16_noise(model):
     group = model.score_group("p", CTXS[2], CANDS)
     for c, g in zip(CANDS, group):
         s = model.score("p", CTXS[2], c).reward
-        assert abs(s - g.reward) <= 2 * bf16_ulp(s)
+        assert abs(s - g.reward) <= GROUP_ULPS * bf16_ulp(s)
 
 
 def test_close_and_context_manager(tiny_bundle):

@@ -64,7 +64,7 @@ def test_pending_skips_done_keys_and_keeps_partial_groups():
 class FakeModel:
     """Records how the executor calls the model; rewards are the candidate's length."""
 
-    contract = type("C", (), {"fingerprint": "f" * 64})()
+    fingerprint = "f" * 64
     revision = "r1"
 
     def __init__(self):

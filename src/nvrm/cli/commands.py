@@ -110,8 +110,11 @@ def run_verify(args: argparse.Namespace) -> int:
     if report.manifest is None:
         print(f"{bundle}: no manifest; nothing verified", file=sys.stderr)
         return 1
+    from ..bundle import template_source
+
     rev = f", revision {report.revision}" if report.revision else ""
     print(f"{bundle}: OK, {report.files_checked} file(s) match {report.manifest}{rev} ({report.cache_hits} from digest cache)")
+    print(f"{bundle}: chat template from {template_source(bundle) or 'nowhere (the bundle has none)'}")
     return 0
 
 

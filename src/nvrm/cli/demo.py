@@ -69,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
     ranking = model.rank(args.prompt, context, [candidates[n] for n in names])
     rows = [{"candidate": names[e.index], "rank": e.rank, "reward": e.reward} for e in ranking]
     if args.json:
-        print(json.dumps({"demo_weights": demo, "bundle": str(bundle), "contract": model.contract.fingerprint, "results": rows}))
+        print(json.dumps({"demo_weights": demo, "bundle": str(bundle), "contract": model.fingerprint, "results": rows}))
         return 0
     if demo:
         print(f"*** {DEMO_LABEL} ***")
     print(f"bundle   {bundle}")
     print(f"context  {context}")
     print(f"prompt   {args.prompt}")
-    print(f"contract {model.contract.fingerprint[:12]}")
+    print(f"contract {model.fingerprint[:12]}")
     print(f"{'rank':>4}  {'reward':>10}  candidate")
     for r in rows:
         print(f"{r['rank']:>4}  {r['reward']:>+10.5f}  {r['candidate']}")

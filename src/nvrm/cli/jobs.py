@@ -122,7 +122,7 @@ def run_rank(args: argparse.Namespace) -> int:
                         for r in ranked
                     ],
                     "pairwise": pairwise_matrix(rewards),
-                    "contract": model.contract.fingerprint,
+                    "contract": model.fingerprint,
                     "model_revision": model.revision,
                     "html": args.html,
                 },
@@ -164,7 +164,7 @@ def run_eval(args: argparse.Namespace) -> int:
     summary = summarize(outcomes, failed=len(problems))
     plot_pairs(outcomes, plot, title=f"{Path(args.pairs).name}: accuracy {summary['accuracy'] or 0:.3f} (n={summary['n']})")
     summary["plot"] = str(plot)
-    summary["contract"] = model.contract.fingerprint
+    summary["contract"] = model.fingerprint
     summary["model_revision"] = model.revision
     if args.json:
         print(json.dumps(summary))

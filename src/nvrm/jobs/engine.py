@@ -69,7 +69,7 @@ class LocalExecutor:
     def __init__(self, model, batch_rows: int = DEFAULT_FLUSH_EVERY):
         self.model = model
         self.batch_rows = max(1, batch_rows)
-        self.meta = {"contract": model.contract.fingerprint, "model_revision": model.revision}
+        self.meta = {"contract": model.fingerprint, "model_revision": model.revision}
 
     def rows(self, units: Sequence[Unit]) -> Iterator[list[dict[str, Any]]]:
         def kind(u: Unit) -> str:

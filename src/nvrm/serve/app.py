@@ -156,7 +156,7 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
         m = state.model
         return {
             "model": m.info(),
-            "contract": {"fingerprint": m.contract.fingerprint, "fields": m.contract.to_dict()},
+            "contract": {"fingerprint": m.fingerprint, "contract_fields_fingerprint": m.contract.fingerprint, "fields": m.contract.to_dict()},
             "limits": config.public(),
         }
 
@@ -189,7 +189,7 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
 
     def envelope(results: list[dict]) -> dict:
         m = state.model
-        return {"results": results, "model": {"revision": m.revision, "path": str(m.path) if m.path else None}, "contract": m.contract.fingerprint}
+        return {"results": results, "model": {"revision": m.revision, "path": str(m.path) if m.path else None}, "contract": m.fingerprint}
 
     def status_for(results: list[dict]) -> int:
         # well-formed request: per-item errors ride in a 200, unless every item failed on its input

@@ -261,6 +261,24 @@ def random_state_dict(config, spec: ArchSpec) -> dict[str, torch.Tensor]:
     return out
 
 
+def _write_weights(
+    bundle: Path, config, spec: ArchSpec, key_layout: str, shards: int, head_bias: bool
+) -> None:
+    """Random backbone (bare or ``model.``-prefixed keys) and reward head, in the release files."""
+    from safetensors.torch import save_file
+
+    hidden = config.text_config.hidden_size
+    state = random_state_dict(config, spec)
+    if key_layout == "prefixed":  # as saved from Qwen3VLForConditionalGeneration
+        state = {f"model.{k}": v for k, v in state.items()}
+        state["lm_head.weight"] = _seeded_normal("lm_head.weight", (config.text_config.vocab_size, hidden), spec.seed, 0.02).to(torch.bfloat16)
+    write_backbone(bundle, state, shards)
+    head = {"rm_head.weight": _seeded_normal("rm_head.weight", (1, hidden), spec.seed, 1.0 / hidden**0.5)}
+    if head_bias:
+        head["rm_head.bias"] = _seeded_normal("rm_head.bias", (1,), spec.seed, 0.5)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in head.items()}, str(bundle / "nvrm_head.safetensors"))
+
+
 def build_tiny_bundle(
     out_dir: str | Path,
     spec: ArchSpec = ArchSpec(),
@@ -275,8 +293,6 @@ def build_tiny_bundle(
     label: str = "nvrm tiny random-weight test bundle (NOT the WORL-NVRM release weights)",
 ) -> Path:
     """Write a random-weight bundle in the release layout and return its path."""
-    from safetensors.torch import save_file
-
     bundle = Path(out_dir)
     bundle.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.vocab_target)
@@ -284,21 +300,86 @@ def build_tiny_bundle(
     processor.save_pretrained(str(bundle))
     config = build_config(spec, tokenizer)
     config.save_pretrained(str(bundle))
-
-    state = random_state_dict(config, spec)
-    if key_layout == "prefixed":  # as saved from Qwen3VLForConditionalGeneration
-        state = {f"model.{k}": v for k, v in state.items()}
-        state["lm_head.weight"] = _seeded_normal("lm_head.weight", (config.text_config.vocab_size, spec.hidden_size), spec.seed, 0.02).to(torch.bfloat16)
-    write_backbone(bundle, state, shards)
-
-    head = {"rm_head.weight": _seeded_normal("rm_head.weight", (1, spec.hidden_size), spec.seed, 1.0 / spec.hidden_size**0.5)}
-    if head_bias:
-        head["rm_head.bias"] = _seeded_normal("rm_head.bias", (1,), spec.seed, 0.5)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in head.items()}, str(bundle / "nvrm_head.safetensors"))
-
+    _write_weights(bundle, config, spec, key_layout, shards, head_bias)
     if contract_overrides:
         (bundle / "nvrm_contract.json").write_text(json.dumps(contract_overrides, indent=2, sort_keys=True) + "\n")
     (bundle / "README.md").write_text(f"# {label}\n\nspec: {json.dumps(asdict(spec), sort_keys=True)}\n")
     if manifest:
         write_manifest(bundle, manifest, manifest_style, revision)
+    return bundle
+
+
+RELEASE_ASSETS = (
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+)
+"""Processor and tokenizer files of a Qwen3-VL release, copied unchanged by ``build_release_bundle``."""
+
+
+def shrink_config(raw: dict, spec: ArchSpec) -> dict:
+    """A release ``config.json`` with only its layer counts and widths replaced by ``spec``'s (pure).
+
+    Vocabulary, special-token ids, RoPE settings and everything else stay as released.
+    """
+    out = json.loads(json.dumps(raw))
+    text, vision = out["text_config"], out["vision_config"]
+    text.update(
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+    )
+    text["rope_scaling"] = {**text.get("rope_scaling", {}), "mrope_section": list(spec.mrope_section)}
+    vision.update(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden_size,
+        deepstack_visual_indexes=list(spec.deepstack_indexes),
+    )
+    return out
+
+
+def build_release_bundle(
+    out_dir: str | Path,
+    release_files: str | Path,
+    spec: ArchSpec = ArchSpec(),
+    *,
+    key_layout: Literal["bare", "prefixed"] = "bare",
+    shards: int = 2,
+    manifest: str | None = "RELEASE_MANIFEST.json",
+    revision: str | None = "release-shaped-0001",
+) -> Path:
+    """A random-weight bundle from a Qwen3-VL release's own files: real processor, tokenizer and
+    template files unchanged (``.gz`` files decompressed), ``config.json`` shrunk by ``spec``."""
+    import gzip
+
+    from transformers import Qwen3VLConfig
+
+    src, bundle = Path(release_files), Path(out_dir)
+    bundle.mkdir(parents=True, exist_ok=True)
+    for name in RELEASE_ASSETS:
+        plain, packed = src / name, src / (name + ".gz")
+        if plain.is_file():
+            (bundle / name).write_bytes(plain.read_bytes())
+        elif packed.is_file():
+            (bundle / name).write_bytes(gzip.decompress(packed.read_bytes()))
+    raw = json.loads((src / "config.json").read_text())
+    (bundle / "config.json").write_text(json.dumps(shrink_config(raw, spec), indent=2, sort_keys=True) + "\n")
+    config = Qwen3VLConfig.from_pretrained(str(bundle))
+    _write_weights(bundle, config, spec, key_layout, shards, head_bias=False)
+    (bundle / "README.md").write_text(
+        "# nvrm release-shaped random-weight test bundle (NOT the WORL-NVRM release weights)\n\n"
+        f"processor, tokenizer and template files from {src.name}; config shrunk to {json.dumps(asdict(spec), sort_keys=True)}\n"
+    )
+    if manifest:
+        write_manifest(bundle, manifest, "dict", revision)
     return bundle

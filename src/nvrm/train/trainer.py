@@ -434,7 +434,7 @@ class Trainer:
                 "train": {"path": str(train_file), "sha256": _file_digest(Path(train_file))},
                 "eval": {"path": str(eval_file), "sha256": _file_digest(Path(eval_file))} if eval_file else None,
             },
-            "contract": self.rm.contract.fingerprint,
+            "contract": self.rm.fingerprint,
             "summary": summary,
         }
         path = export_bundle(

@@ -1,0 +1,36 @@
+"""At the release's depth (36 text layers, narrow), group and batch scoring agree with score()
+within the measured tolerance, and exact=True is bit-identical."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import BATCH_ULPS, GROUP_ULPS, ulps
+from nvrm import Clip, RewardModel
+from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
+from nvrm.synth.clips import moving_square
+
+SIZES = [(96, 128), (64, 80), (120, 90), (200, 48), (64, 80)]
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    path = build_tiny_bundle(tmp_path_factory.mktemp("deep") / "deep36", ArchSpec(num_layers=36), revision="deep-36")
+    m = RewardModel.from_pretrained(path, device="cpu")
+    yield m
+    m.close()
+
+
+@pytest.mark.parametrize("k", range(3))
+def test_deep_group_and_batch_within_the_measured_tolerance(deep, k):
+    ctx = Clip(moving_square(4 + 4 * k, 64 + 16 * k, 80, seed=k), fps=4)
+    cands = [Clip(moving_square(24, *sz, seed=10 + i + 7 * k, speed=1 + i), fps=4) for i, sz in enumerate(SIZES)]
+    prompt = f"prompt {k}"
+    single = [deep.score(prompt, ctx, c).reward for c in cands]
+    assert len(set(single)) > 1  # the candidates really differ
+    group = [r.reward for r in deep.score_group(prompt, ctx, cands)]
+    batch = [r.reward for r in deep.score_batch([(prompt, ctx, c) for c in cands])]
+    assert max(ulps(s, g) for s, g in zip(single, group)) <= GROUP_ULPS
+    assert max(ulps(s, b) for s, b in zip(single, batch)) <= BATCH_ULPS
+    assert [r.reward for r in deep.score_group(prompt, ctx, cands, exact=True)] == single
+    assert [r.reward for r in deep.score_batch([(prompt, ctx, c) for c in cands], exact=True)] == single
