@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.nvrm-installed
 
-.PHONY: demo test install system-deps bench clean
+.PHONY: demo test fuzz install system-deps bench clean
 
 install: $(STAMP)
 
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# Property-based sweeps over the request schema and the clip/fps/shape space (a few minutes).
+fuzz: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m fuzz $(PYTEST_ARGS)
 
 # Debian packages the tests need: chromium renders the HTML report in a real
 # browser. (PyAV bundles its own FFmpeg, so no system ffmpeg is needed.)

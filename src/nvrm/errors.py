@@ -73,3 +73,15 @@ class LimitError(InputError):
 
 class ConfigError(NvrmError, ValueError):
     """A setting (contract field, limit, load or service option) has an invalid value."""
+
+
+class OutputError(NvrmError):
+    """An output file cannot be written (disk full, file too large, permissions); what is written stays valid."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: cannot write ({reason}); free space or fix permissions, then run again with --resume")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason))

@@ -22,9 +22,12 @@ from PIL import Image
 
 from .contract import Contract
 from .errors import InputError
-from .video.decode import read_sampled
+from .limits import Limits
+from .video.decode import describe, read_sampled
 from .video.frames import array_to_image, prepare_frame, to_rgb
-from .video.sampling import SamplePlan, plan_candidate, plan_context
+from .video.sampling import SamplePlan, clip_duration, plan_candidate, plan_context
+
+_DEFAULT_LIMITS = Limits()
 
 
 def _is_tensor(value: Any) -> bool:
@@ -137,10 +140,16 @@ class Sampled:
     role: str
 
 
-def _plan(times: Sequence[float], role: str, contract: Contract, name: str, nominal: float | None) -> SamplePlan:
+def _plan(
+    times: Sequence[float], role: str, contract: Contract, name: str, nominal: float | None, limits: Limits | None = None
+) -> SamplePlan:
     if role == "candidate":
         return plan_candidate(times, contract, name, nominal)
-    return plan_context(times, contract, name, nominal)
+    limits = limits or _DEFAULT_LIMITS
+    limits.check_context_duration(clip_duration(times, nominal), name)
+    plan = plan_context(times, contract, name, nominal)
+    limits.check_context_frames(len(plan.indices), name)
+    return plan
 
 
 def _image_list(value: Sequence[Any], name: str) -> list[Image.Image]:
@@ -163,7 +172,16 @@ def _check_role(role: str) -> None:
         raise ValueError(f"role must be 'context' or 'candidate', got {role!r}")
 
 
-def presample(value: Any, role: str, contract: Contract) -> Any:
+def _clip_plan(clip: Clip, role: str, contract: Contract, limits: Limits) -> SamplePlan:
+    """The checks a clip's header allows (frame rate, frame size, duration), then its sampling plan."""
+    limits.check_fps(clip.fps, clip.name)
+    limits.check_source(clip.width, clip.height, clip.name)
+    if role == "context":
+        limits.check_context_duration(len(clip) / clip.fps, clip.name)
+    return _plan(clip.times, role, contract, clip.name, 1.0 / clip.fps, limits)
+
+
+def presample(value: Any, role: str, contract: Contract, limits: Limits | None = None) -> Any:
     """An in-memory clip reduced to its sampled frames (cheap, pure planning); anything else unchanged.
 
     The frames of a ``Clip`` are copied to the host only for the ticks the
@@ -173,18 +191,21 @@ def presample(value: Any, role: str, contract: Contract) -> Any:
     if not isinstance(value, Clip):
         return value
     try:
-        plan = _plan(value.times, role, contract, value.name, 1.0 / value.fps)
+        plan = _clip_plan(value, role, contract, limits or _DEFAULT_LIMITS)
     except InputError as e:
         raise e.with_role(role) from e
     return Sampled(tuple(value.take(plan.indices)), plan, value.name, role)
 
 
-def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list[Image.Image], SamplePlan, str]:
+def sample_input(
+    value: VideoInput, role: str, contract: Contract, limits: Limits | None = None
+) -> tuple[list[Image.Image], SamplePlan, str]:
     """Sample RGB frames from any accepted input (no contract transform yet)."""
     _check_role(role)
+    limits = limits or _DEFAULT_LIMITS
     try:
         if isinstance(value, Clip):
-            value = presample(value, role, contract)
+            value = presample(value, role, contract, limits)
         if isinstance(value, Sampled):
             if value.role != role:
                 raise InputError(value.name, f"was sampled as {value.role}, not {role}")
@@ -193,7 +214,7 @@ def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list
         if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)):
             if isinstance(value, str) and not value:
                 raise InputError("''", "empty path")
-            sampled = read_sampled(value, role, contract)
+            sampled = read_sampled(value, role, contract, limits=limits)
             return list(sampled.images), sampled.plan, sampled.source
         if isinstance(value, Image.Image) or (isinstance(value, np.ndarray) and value.ndim == 3):
             value = [value]
@@ -201,9 +222,13 @@ def sample_input(value: VideoInput, role: str, contract: Contract) -> tuple[list
             raise InputError("array", "a (T, H, W, 3) array needs its frame rate: wrap it as nvrm.Clip(frames, fps=...)")
         if isinstance(value, (list, tuple)):
             name = f"<{len(value)} images>"
+            if role == "context":
+                limits.check_context_frames(len(value), name)
             images = _image_list(value, name)
+            for k, im in enumerate(images):
+                limits.check_source(im.width, im.height, f"{name}[{k}]")
             times = [k / contract.sample_fps for k in range(len(images))]
-            plan = _plan(times, role, contract, name, 1.0 / contract.sample_fps)
+            plan = _plan(times, role, contract, name, 1.0 / contract.sample_fps, limits)
             return [images[i] for i in plan.indices], plan, name
     except InputError as e:
         raise e.with_role(role) from e
@@ -226,18 +251,31 @@ def check_reusable(value: PreparedVideo, role: str, contract: Contract) -> Prepa
     return value
 
 
-def prepare_input(value: "VideoInput | PreparedVideo", role: str, contract: Contract) -> PreparedVideo:
-    """Sample and apply the per-frame contract to one context or candidate.
+def prepare_input(
+    value: "VideoInput | PreparedVideo", role: str, contract: Contract, limits: Limits | None = None
+) -> PreparedVideo:
+    """Sample and apply the per-frame contract to one context or candidate, within ``limits``.
 
     A ``PreparedVideo`` made by this function for the same role and contract
     passes through unchanged, so a caller can prepare once (e.g. to show the
-    frames) and score without preparing again.
+    frames) and score without preparing again. Files are transformed frame by
+    frame as they are decoded, so a large source never holds many full-size
+    frames in memory.
     """
     if isinstance(value, PreparedVideo):
         return check_reusable(value, role, contract)
-    images, plan, name = sample_input(value, role, contract)
+    _check_role(role)
     try:
+        if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)) and not (isinstance(value, str) and not value):
+            name = describe(value)
+            sampled = read_sampled(
+                value, role, contract, limits=limits or _DEFAULT_LIMITS,
+                transform=lambda img, t: prepare_frame(img, contract, f"{name} @ {t:.3f}s"),
+            )
+            return PreparedVideo(sampled.images, sampled.plan.times, sampled.source, role, contract.fingerprint)
+        images, plan, name = sample_input(value, role, contract, limits)
         prepared = tuple(prepare_frame(img, contract, f"{name} @ {t:.3f}s") for img, t in zip(images, plan.times))
     except InputError as e:
         raise e.with_role(role) from e
     return PreparedVideo(prepared, plan.times, name, role, contract.fingerprint)
+

@@ -49,9 +49,9 @@ class Limits:
     # ------------------------------------------------------------ checks
 
     @staticmethod
-    def _fail(where: str, what: str, value: Any, name: str, limit: Any) -> LimitError:
+    def _fail(where: str, fact: str, name: str, limit: Any) -> LimitError:
         flag = "--" + name.replace("_", "-")
-        return LimitError(where, f"{what} is {value}, over the limit {name}={limit} (raise it with {flag} if this is intended)")
+        return LimitError(where, f"{fact}, over the limit {name}={limit:g} (raise it with {flag} if this is intended)")
 
     def check_fps(self, fps: float, where: str) -> None:
         if not (self.min_fps <= fps <= self.max_fps):
@@ -63,28 +63,28 @@ class Limits:
 
     def check_source(self, width: int, height: int, where: str) -> None:
         if width * height > self.max_source_pixels:
-            raise self._fail(where, f"a {width}x{height} source frame ({width * height} pixels)", width * height, "max_source_pixels", self.max_source_pixels)
+            raise self._fail(where, f"source frames are {width}x{height} ({width * height} pixels)", "max_source_pixels", self.max_source_pixels)
 
     def check_context_duration(self, seconds: float, where: str) -> None:
         if not math.isfinite(seconds) or seconds > self.max_context_seconds:
-            raise self._fail(where, f"the context duration ({seconds:.6g} s)", f"{seconds:.6g} s", "max_context_seconds", self.max_context_seconds)
+            raise self._fail(where, f"context is {seconds:.6g} s long", "max_context_seconds", self.max_context_seconds)
 
     def check_context_frames(self, n: int, where: str) -> None:
         if n > self.max_context_frames:
-            raise self._fail(where, "the number of sampled context frames", n, "max_context_frames", self.max_context_frames)
+            raise self._fail(where, f"context has {n} sampled frames", "max_context_frames", self.max_context_frames)
 
     def check_prompt_tokens(self, n: int) -> None:
         if n > self.max_prompt_tokens:
-            raise self._fail("prompt", "its token count", n, "max_prompt_tokens", self.max_prompt_tokens)
+            raise self._fail("prompt", f"has {n} tokens", "max_prompt_tokens", self.max_prompt_tokens)
 
     def check_sequence_tokens(self, n: int, where: str = "item") -> None:
         if n > self.max_sequence_tokens:
-            raise self._fail(where, "the model sequence length", f"{n} tokens", "max_sequence_tokens", self.max_sequence_tokens)
+            raise self._fail(where, f"model sequence has {n} tokens", "max_sequence_tokens", self.max_sequence_tokens)
 
     def check_group(self, n: int, where: str = "group") -> None:
         if n > self.max_group_candidates:
-            raise self._fail(where, "the number of candidates", n, "max_group_candidates", self.max_group_candidates)
+            raise self._fail(where, f"has {n} candidates", "max_group_candidates", self.max_group_candidates)
 
     def check_request_items(self, n: int, where: str = "request") -> None:
         if n > self.max_request_items:
-            raise self._fail(where, "the number of items", n, "max_request_items", self.max_request_items)
+            raise self._fail(where, f"has {n} items", "max_request_items", self.max_request_items)

@@ -60,7 +60,7 @@ def _reserved_tokens(processor) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return cached
 
 
-def check_prompt(processor, prompt: Any) -> str:
+def check_prompt(processor, prompt: Any, limits=None) -> str:
     """The prompt, if the layout can carry it; an ``InputError`` naming the problem otherwise.
 
     Vision tokens (``<|image_pad|>`` ...) would break the image-token count,
@@ -71,6 +71,16 @@ def check_prompt(processor, prompt: Any) -> str:
     """
     if not isinstance(prompt, str):
         raise InputError("prompt", f"must be a string, got {type(prompt).__name__}")
+    try:
+        size = len(prompt.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InputError("prompt", f"is not valid Unicode text ({e.reason} at position {e.start})") from e
+    if limits is not None and size > limits.max_prompt_tokens:
+        # a byte-level BPE token covers at least one byte: only a long prompt needs counting, and a
+        # prompt far over the limit is refused without tokenising it at all
+        if size > 64 * limits.max_prompt_tokens:
+            limits.check_prompt_tokens(size // 64)
+        limits.check_prompt_tokens(len(processor.tokenizer(prompt, add_special_tokens=False)["input_ids"]))
     vision, special = _reserved_tokens(processor)
     for token in vision:
         if token in prompt:

@@ -120,13 +120,33 @@ def default_batch_tokens(device: torch.device, config) -> int:
 
 
 class _PendingGroup:
-    """A group submitted to the engine: its context future and one future per chunk."""
+    """A group handed to the engine: its context future, and its candidates in chunks that are
+    submitted as they are needed (at most ``CHUNKS_AHEAD`` beyond the one being scored), so a
+    group of thousands never has more than a few chunks prepared in memory at once."""
 
-    def __init__(self, prompt: Any, n: int, chunks: list[tuple[list[int], Future]], error: NvrmError | None = None):
+    CHUNKS_AHEAD = 1
+
+    def __init__(self, engine=None, prompt: Any = None, context: Any = None, candidates: Sequence[Any] = (), chunk: int = 1, error: NvrmError | None = None, n: int = 0):
+        self.engine = engine
         self.prompt = prompt
-        self.n = n
-        self.chunks = chunks
+        self.candidates = list(candidates)
+        self.n = len(self.candidates) if error is None else n
         self.error = error
+        self.slots = [list(range(s, min(s + chunk, self.n))) for s in range(0, self.n, chunk)] if error is None else []
+        self.futures: list[Future] = []
+        self.context = engine.submit_video(context, "context") if error is None else None
+        if error is None:
+            self.submit_through(0)
+
+    def submit_through(self, k: int) -> None:
+        """Make sure chunks 0..k (and those ahead of k) are submitted."""
+        while len(self.futures) < min(len(self.slots), k + 1 + self.CHUNKS_AHEAD):
+            idx = self.slots[len(self.futures)]
+            self.futures.append(self.engine.submit_group(self.prompt, self.context, [self.candidates[i] for i in idx]))
+
+    def cancel(self) -> None:
+        for f in self.futures:
+            f.cancel()
 
 
 class RewardModel:
@@ -163,6 +183,7 @@ class RewardModel:
             RopeSpec.from_config(backbone.config),
             workers=self.settings.workers,
             kind=self.settings.worker_kind,  # type: ignore[arg-type]
+            limits=self.settings.limits,
         )
         tok = processor.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -442,8 +463,7 @@ class RewardModel:
                 yield self._run_group(current, errors, self.settings.exact if exact is None else exact, context_raises)
         finally:
             for p in pending:
-                for _, f in p.chunks:
-                    f.cancel()
+                p.cancel()
 
     def _submit_group(self, group: GroupLike, k: int) -> _PendingGroup:
         try:
@@ -451,14 +471,8 @@ class RewardModel:
             self.limits.check_group(len(candidates))
         except NvrmError as e:
             n = len(group[2]) if isinstance(group, (tuple, list)) and len(group) == 3 and isinstance(group[2], Sequence) else 0
-            return _PendingGroup(None, n, [], e)
-        ctx_future = self.engine.submit_video(context, "context")
-        size = self.settings.group_chunk
-        chunks = []
-        for start in range(0, len(candidates), size):
-            idx = list(range(start, min(start + size, len(candidates))))
-            chunks.append((idx, self.engine.submit_group(prompt, ctx_future, [candidates[i] for i in idx])))
-        return _PendingGroup(prompt, len(candidates), chunks)
+            return _PendingGroup(error=e, n=n)
+        return _PendingGroup(self.engine, prompt, context, candidates, self.settings.group_chunk)
 
     def _run_group(
         self, pending: _PendingGroup, errors: Errors, exact: bool, context_raises: bool = False
@@ -469,13 +483,16 @@ class RewardModel:
             return [pending.error] * max(1, pending.n)
         out: list[Any] = [None] * pending.n
         prefix: Prefix | None = None
-        for k, (idx, future) in enumerate(pending.chunks):
-            group: PreparedGroup = future.result()
+        for k, idx in enumerate(pending.slots):
+            pending.submit_through(k)  # the next chunk prepares while this one is scored
+            group: PreparedGroup = pending.futures[k].result()
             first = next((e for e in map(group.slot_error, range(len(idx))) if e is not None), None)
             if first is not None and (errors == "raise" or (context_raises and isinstance(group.context, NvrmError))):
-                for _, f in pending.chunks[k + 1 :]:
-                    f.cancel()
+                pending.cancel()
                 raise group.context if isinstance(group.context, NvrmError) else first
+            if isinstance(group.context, NvrmError):  # no chunk can score: every slot reports the context
+                pending.cancel()
+                return [group.context] * pending.n
             results, prefix = self._score_chunk(group, prefix, exact)
             if errors == "raise":
                 first = next((r for r in results if isinstance(r, NvrmError)), None)

@@ -175,3 +175,43 @@ def test_eval_reports_accuracy_margin_and_a_plot(model, tiny_bundle, job, tmp_pa
     assert s["accuracy"] == pytest.approx(acc) and s["mean_margin"] == pytest.approx(sum(margins) / 2)
     assert "pairs line 4" in cap.err and "file not found" in cap.err
     assert png_size(plot)[0] > 500
+
+
+def test_output_equal_to_the_manifest_is_refused_and_the_manifest_kept(tiny_bundle, job, tmp_path, capsys):
+    d, _ = job
+    manifest = tmp_path / "m.jsonl"
+    shutil.copy(d / "manifest.jsonl", manifest)
+    before = manifest.read_bytes()
+    rc = main(["batch", "--model", str(tiny_bundle), "--input", str(manifest), "--output", str(manifest), "--overwrite"])
+    assert rc == 2 and manifest.read_bytes() == before
+    assert "is the input manifest" in capsys.readouterr().err
+
+
+def test_a_non_utf8_row_becomes_an_error_row(tiny_bundle, job, tmp_path, capsys):
+    d, _ = job
+    m = d / "mixed.jsonl"
+    good = json.dumps({"id": "ok", "prompt": "p", "context": "context.mp4", "candidate": "cand_a.mp4"}).encode()
+    m.write_bytes(good + b"\n" + b'{"id": "bad", "prompt": "caf\xe9"}\n')
+    out = tmp_path / "mixed-out.jsonl"
+    assert main(["batch", "--model", str(tiny_bundle), "--input", str(m), "--output", str(out)]) == 0
+    rows = {r["id"]: r for r in read_rows(out)}
+    assert rows["ok"]["error"] is None and "not UTF-8" in rows["line:2"]["error"]
+
+
+def test_a_full_disk_ends_in_one_line_and_resume_completes(tiny_bundle, job, tmp_path):
+    d, expected = job
+    out = tmp_path / "full.jsonl"
+    # RLIMIT_FSIZE: writes past 1 KB fail (what `ulimit -f` does); Python ignores SIGXFSZ, so write() fails
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)); "
+        "from nvrm.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    args = ["batch", "--model", str(tiny_bundle), "--input", str(d / "manifest.jsonl"), "--output", str(out), "--flush-every", "2"]
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("nvrm: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"nvrm: error: {out}: cannot write (File too large)")
+    assert "Traceback" not in proc.stderr
+    assert main(args[:-2] + ["--resume"]) == 0
+    rows = read_rows(out)
+    assert {(r["id"], r["candidate_index"]) for r in rows} == expected and len(rows) == len(expected)

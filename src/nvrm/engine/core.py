@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from ..contract import Contract
 from ..errors import NvrmError
 from ..inputs import PreparedVideo, presample
+from ..limits import Limits
 from .codec import PixelCodec
 from .encode import GroupEncoded, RopeSpec
 from .jobs import PreparedItem, encode_video, group_job, item_job, video_job
@@ -82,10 +83,12 @@ class Engine:
         *,
         workers: int | None = None,
         kind: WorkerKind = "auto",
+        limits: Limits | None = None,
     ):
         self.contract = contract
+        self.limits = limits or Limits()
         self.codec = PixelCodec.for_processor(processor, contract.min_pixels, contract.max_pixels)
-        self._spec = WorkerSpec(processor, contract, self.codec, rope)
+        self._spec = WorkerSpec(processor, contract, self.codec, rope, self.limits)
         self._workers = Workers(self._spec, workers, kind)
         # group assembly (tokenising once per candidate shape) runs off the model's thread
         self._assembler = ThreadPoolExecutor(1, thread_name_prefix="nvrm-assemble")
@@ -93,7 +96,7 @@ class Engine:
         self._close_lock = threading.Lock()
 
     @classmethod
-    def for_bundle(cls, path, *, workers: int | None = 0, kind: WorkerKind = "auto") -> "Engine":
+    def for_bundle(cls, path, *, workers: int | None = 0, kind: WorkerKind = "auto", limits: Limits | None = None) -> "Engine":
         """An engine for a bundle's processor, contract and config, without loading any weights.
 
         For processes that prepare inputs but never run the model (Ray's
@@ -104,7 +107,9 @@ class Engine:
         from ..bundle import load_processor, read_config
 
         path = Path(path)
-        return cls(load_processor(path), Contract.for_bundle(path), RopeSpec.from_config(read_config(path)), workers=workers, kind=kind)
+        return cls(
+            load_processor(path), Contract.for_bundle(path), RopeSpec.from_config(read_config(path)), workers=workers, kind=kind, limits=limits
+        )
 
     @property
     def workers(self) -> int:
@@ -145,7 +150,7 @@ class Engine:
 
     def _for_worker(self, value: Any, role: str) -> Any:
         # worker processes get only the sampled frames of an in-memory clip
-        return presample(value, role, self.contract) if self.kind == "process" else value
+        return presample(value, role, self.contract, self.limits) if self.kind == "process" else value
 
     # ------------------------------------------------------------ items
 

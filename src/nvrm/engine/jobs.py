@@ -44,12 +44,12 @@ def encode_video(state: WorkerState, video: PreparedVideo) -> PreparedVideo:
 
 def video_job(state: WorkerState, value: Any, role: str) -> PreparedVideo:
     """The contract for one context or candidate, encoded."""
-    return encode_video(state, prepare_input(value, role, state.contract))
+    return encode_video(state, prepare_input(value, role, state.contract, state.limits))
 
 
 def item_job(state: WorkerState, prompt: str, context: Any, candidate: Any) -> PreparedItem:
     """The whole contract for one item: both videos, the text and the positions."""
-    check_prompt(state.processor, prompt)
+    check_prompt(state.processor, prompt, state.limits)
     ctx = video_job(state, context, "context")
     cand = video_job(state, candidate, "candidate")
     enc = encode_item(
@@ -60,7 +60,7 @@ def item_job(state: WorkerState, prompt: str, context: Any, candidate: Any) -> P
 
 def group_job(state: WorkerState, prompt: str, context: PreparedVideo, candidates: Sequence[PreparedVideo]) -> GroupEncoded:
     """Token ids and positions for a group whose videos are prepared."""
-    check_prompt(state.processor, prompt)
+    check_prompt(state.processor, prompt, state.limits)
     return encode_group(
         state.processor,
         state.rope,

@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal
 
 from ..contract import Contract
 from ..errors import InternalError, NvrmError
+from ..limits import Limits
 from .codec import PixelCodec
 from .encode import RopeSpec
 
@@ -55,6 +56,7 @@ class WorkerSpec:
     contract: Contract
     codec: PixelCodec | None
     rope: RopeSpec
+    limits: Limits
 
 
 class WorkerState:
@@ -66,6 +68,7 @@ class WorkerState:
         self.contract = spec.contract
         self.codec = spec.codec
         self.rope = spec.rope
+        self.limits = spec.limits
 
 
 _PROCESS_STATE: WorkerState | None = None

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import InputError
+from ..errors import InputError, OutputError
 from .manifest import Key
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,10 @@ class Sink:
         if dup:
             raise InputError(str(journal), f"{dup} duplicated row(s) in the existing output; it was edited or not written by nvrm batch")
         created = not journal.exists()
-        self._fh = journal.open("ab")
+        try:
+            self._fh = journal.open("ab")
+        except OSError as e:
+            raise OutputError(str(journal), e.strerror or type(e).__name__) from e
         if created:
             _fsync_dir(journal.parent)
 
@@ -122,11 +125,20 @@ class Sink:
         if not rows:
             return
         blob = "".join(json.dumps({c: r.get(c) for c in COLUMNS}, ensure_ascii=False) + "\n" for r in rows)
-        self._fh.write(blob.encode("utf-8"))
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        try:
+            self._fh.write(blob.encode("utf-8"))
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as e:  # a torn last line is cut by --resume; the rows before it stay
+            raise OutputError(str(self.journal), e.strerror or type(e).__name__) from e
 
     def finish(self) -> None:
+        try:
+            self._finish()
+        except OSError as e:
+            raise OutputError(str(self.output), e.strerror or type(e).__name__) from e
+
+    def _finish(self) -> None:
         self._fh.close()
         if self.format == "jsonl":
             return
@@ -163,7 +175,10 @@ class Sink:
 
     def close(self) -> None:
         if not self._fh.closed:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:  # already reported by the write that failed
+                pass
 
 
 def _same_file(a: Path, b: Path) -> bool:

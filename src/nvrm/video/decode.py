@@ -33,16 +33,22 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import av
 from PIL import Image
 
 from ..contract import Contract
-from ..errors import InputError
-from .sampling import SamplePlan, plan_candidate, plan_context
+from ..errors import InputError, LimitError
+from ..limits import Limits
+from .sampling import SamplePlan, clip_duration, plan_candidate, plan_context
 
 VideoSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
+Transform = Callable[[Image.Image, float], Image.Image]
+"""Applied to each sampled frame as soon as it is decoded (the per-frame contract), so a large
+source never keeps more than one full-size frame alive."""
+
+_DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -109,32 +115,98 @@ def _stream_rate(stream) -> float | None:
     return rate
 
 
-def _plan_for(role: str, times, contract: Contract, name: str, nominal: float | None) -> SamplePlan:
+def _plan_for(role: str, times, contract: Contract, name: str, nominal: float | None, limits: Limits) -> SamplePlan:
     if role == "candidate":
         return plan_candidate(times, contract, name, nominal)
-    return plan_context(times, contract, name, nominal)
+    limits.check_context_duration(clip_duration(times, nominal), name)
+    plan = plan_context(times, contract, name, nominal)
+    limits.check_context_frames(len(plan.indices), name)
+    return plan
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the container says before anything is decoded."""
+
+    width: int
+    height: int
+    rate: float | None
+    duration: float | None
+    """Declared duration (s) of the video stream, or of the container; None when unknown."""
+
+
+# A context whose decodable duration falls short of the declared one by more than this
+# (and more than _SHORTFALL_S) is truncated: refused rather than scored as a shorter clip.
+_SHORTFALL_FRACTION = 0.05
+_SHORTFALL_S = 0.5
+
+
+def _header(container, stream) -> Header:
+    ctx = stream.codec_context
+    duration = None
+    if stream.duration is not None and stream.time_base is not None:
+        duration = float(stream.duration * stream.time_base)
+    elif container.duration:
+        duration = container.duration / 1_000_000
+    return Header(int(ctx.width or 0), int(ctx.height or 0), _stream_rate(stream), duration)
+
+
+def _preflight(header: Header, role: str, name: str, limits: Limits) -> None:
+    """The limits that can be checked from the header alone, before decoding."""
+    if header.width and header.height:
+        limits.check_source(header.width, header.height, name)
+    if header.rate:
+        limits.check_fps(header.rate, name)
+    if role == "context" and header.duration is not None:
+        limits.check_context_duration(header.duration, name)
+
+
+def _check_complete(header: Header, times: Sequence[float], nominal: float | None, role: str, name: str) -> None:
+    """A context shorter than its header declares, by more than a little, is truncated."""
+    if role != "context" or header.duration is None or not times:
+        return
+    got = clip_duration(times, nominal)
+    short = header.duration - got
+    if short > max(_SHORTFALL_S, _SHORTFALL_FRACTION * header.duration):
+        raise InputError(
+            name,
+            f"is truncated: the container declares {header.duration:.2f} s but only {got:.2f} s can be decoded "
+            "(re-encode or remux the file)",
+        )
 
 
 def read_sampled(
-    source: VideoSource, role: str, contract: Contract, *, strategy: str = "auto"
+    source: VideoSource,
+    role: str,
+    contract: Contract,
+    *,
+    strategy: str = "auto",
+    limits: Limits | None = None,
+    transform: Transform | None = None,
 ) -> SampledFrames:
     """Decode ``source`` and return the frames the contract samples for ``role``.
 
     ``role`` is ``"candidate"`` (first window, 1 FPS ticks 0..N-1) or
     ``"context"`` (every tick below the clip's duration). ``strategy`` is
     ``"auto"`` (the index-driven seek path when the file allows it, else
-    sequential) or ``"sequential"``.
+    sequential) or ``"sequential"``. The ``limits`` that the header can
+    answer (source size, frame rate, declared context duration) are checked
+    before anything is decoded; ``transform`` (the per-frame contract) runs on
+    each sampled frame as soon as it is decoded.
     """
     if strategy not in ("auto", "sequential"):
         raise ValueError(f"strategy must be 'auto' or 'sequential', got {strategy!r}")
+    limits = limits or _DEFAULT_LIMITS
     if strategy != "sequential":
         try:
-            found = _read_seeking(source, role, contract)
+            found = _read_seeking(source, role, contract, limits, transform)
+        except LimitError:
+            raise  # refused before the work: the sequential path would do that work first
         except Exception:  # noqa: BLE001 - the sequential path is the authority on errors
             found = None
         if found is not None:
             return found
-    return _read_sequential(source, role, contract)
+    return _read_sequential(source, role, contract, limits, transform)
 
 
 class _Mismatch(Exception):
@@ -196,13 +268,15 @@ def plan_runs(keyframe: Sequence[bool], needed: Sequence[int], last: int) -> lis
     return runs
 
 
-def _read_seeking(source: VideoSource, role: str, contract: Contract) -> SampledFrames | None:
+def _read_seeking(source: VideoSource, role: str, contract: Contract, limits: Limits, transform: Transform | None) -> SampledFrames | None:
     name = describe(source)
     with _open(source, name) as container:
         streams = container.streams.video
         if not streams:
             return None
         stream = streams[0]
+        header = _header(container, stream)
+        _preflight(header, role, name, limits)
         rate = _stream_rate(stream)
         nominal = 1.0 / rate if rate else None
         tb = stream.time_base
@@ -215,7 +289,8 @@ def _read_seeking(source: VideoSource, role: str, contract: Contract) -> Sampled
             end = next((i for i, t in enumerate(times) if t >= contract.candidate_seconds), len(times) - 1)
             times = times[: end + 1]
         last = len(times) - 1
-        plan = _plan_for(role, times, contract, name, nominal)
+        _check_complete(header, times, nominal, role, name)
+        plan = _plan_for(role, times, contract, name, nominal, limits)
         runs = plan_runs(index.keyframe[: last + 1], plan.indices, last)
     with _open(source, name) as container:
         stream = container.streams.video[0]
@@ -236,7 +311,8 @@ def _read_seeking(source: VideoSource, role: str, contract: Contract) -> Sampled
                 if frame.pts != index.pts[pos]:
                     raise _Mismatch
                 if pos in wanted:
-                    kept[pos] = frame.to_image()
+                    image = frame.to_image()
+                    kept[pos] = transform(image, times[pos]) if transform else image
                 if pos == stop:
                     break
                 pos += 1
@@ -245,13 +321,20 @@ def _read_seeking(source: VideoSource, role: str, contract: Contract) -> Sampled
     return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, decoded, "seek")
 
 
-def _read_sequential(source: VideoSource, role: str, contract: Contract) -> SampledFrames:
+def _read_sequential(source: VideoSource, role: str, contract: Contract, limits: Limits, transform: Transform | None) -> SampledFrames:
     name = describe(source)
+
+    def keep(frame: av.VideoFrame, t: float) -> Image.Image:
+        image = frame.to_image()
+        return transform(image, t) if transform else image
+
     with _open(source, name) as container:
         streams = container.streams.video
         if not streams:
             raise InputError(name, "has no video stream (audio-only or not a video file)")
         stream = streams[0]
+        header = _header(container, stream)
+        _preflight(header, role, name, limits)
         stream.thread_type = "AUTO"
         rate = _stream_rate(stream)
         nominal = 1.0 / rate if rate else None
@@ -272,22 +355,28 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract) -> Samp
                 t = t_abs - first
                 if times and t < times[-1]:
                     raise InputError(name, "frame timestamps go backwards; remux the file with monotonic timestamps")
+                if role == "context" and t > limits.max_context_seconds:
+                    limits.check_context_duration(t, name)
                 if not times:
-                    kept[0] = frame.to_image()
+                    kept[0] = keep(frame, t)
                 else:
                     # Ticks in (previous time, t]: both neighbours may be the nearest frame.
                     lo = math.floor(times[-1] * fps + 1e-9) + 1
                     hi = math.floor(t * fps + 1e-9)
                     if hi >= lo:
                         if len(times) - 1 not in kept and prev is not None:
-                            kept[len(times) - 1] = prev.to_image()
-                        kept[i] = frame.to_image()
+                            kept[len(times) - 1] = keep(prev, times[-1])
+                        kept[i] = keep(frame, t)
                 times.append(t)
                 prev = frame
                 if t >= stop_at:
                     break
         except InputError:
             raise
+        except MemoryError as e:
+            raise InputError(
+                name, f"ran out of memory decoding {header.width}x{header.height} frames after {len(times)} frame(s)"
+            ) from e
         except (av.FFmpegError, EOFError, OSError) as e:
             raise InputError(
                 name, f"decoding failed after {len(times)} frame(s) (truncated or corrupt?): {_ffmpeg_reason(e)}"
@@ -296,7 +385,8 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract) -> Samp
             raise InputError(name, "contains no decodable video frames")
         last = len(times) - 1
         if last not in kept and prev is not None:
-            kept[last] = prev.to_image()
+            kept[last] = keep(prev, times[last])
 
-    plan = _plan_for(role, times, contract, name, nominal)
+    _check_complete(header, times, nominal, role, name)
+    plan = _plan_for(role, times, contract, name, nominal, limits)
     return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, len(times), "sequential")

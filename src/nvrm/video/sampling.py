@@ -9,6 +9,7 @@ the stream's nominal interval when there is a single frame.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -66,8 +67,15 @@ def candidate_ticks(contract: Contract) -> tuple[float, ...]:
     return tuple(k / contract.sample_fps for k in range(contract.candidate_frames))
 
 
+# No context can need more ticks than this (a day at 1 FPS): the callers' limits are far lower,
+# this only keeps the loop below finite on a nonsensical duration.
+_MAX_TICKS = 86_400
+
+
 def context_ticks(duration: float, contract: Contract) -> tuple[float, ...]:
     """Every tick t = k/fps strictly below ``duration``; capped to the most recent."""
+    if not math.isfinite(duration) or duration * contract.sample_fps > _MAX_TICKS:
+        raise ContractError("context", f"duration {duration:.6g} s is not a usable context length")
     ticks: list[float] = []
     k = 0
     while k / contract.sample_fps < duration - _EPS or k == 0:
