@@ -1,13 +1,19 @@
-"""Load benchmark for `nvrm serve`: throughput and latency vs concurrency, batching on vs off.
+"""Load benchmark for `nvrm serve`, side by side in one run.
 
-    .venv/bin/python bench/serve_load.py [--arch tiny|mid] [--requests 160] [--json]
+    .venv/bin/python bench/serve_load.py [--arch tiny|mid|4b] [--concurrency 1,8,32,64] [--requests 64] [--json out.json]
 
-Builds a random-weight bundle, starts two real `nvrm serve` processes on
-loopback one after the other (cross-request batching on: the defaults;
-off: --max-batch-items 1) and drives each with C concurrent clients
-(threads, one item per request, in-memory frames) for C = 1, 4, 16, 32.
-Reports items/s and p50/p99 latency; the on/off ratio is measured side by
-side in the same run.
+Workload (the issue's): one item per request, frames already at 1 fps and
+360x640, a 10-frame context and a 5-frame candidate, as in-memory clips.
+
+Measured, each against real `nvrm serve` processes on loopback:
+- in-process `score_batch` on the same items (the baseline);
+- the service over JSON (base64 .npy) and over binary (multipart .npy parts);
+- cross-request batching on (defaults) vs off (--max-batch-items 1);
+- shared contexts: 8 concurrent requests with one context, cache on vs off
+  (--context-cache-mb 0);
+- parsing cost: the server's nvrm_parse_seconds per request against the
+  contract time of the same item measured in process.
+Reports items/s, p50 and p99 latency per concurrency.
 """
 
 from __future__ import annotations
@@ -26,94 +32,195 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from nvrm import Clip
+from nvrm.bench.common import build_bench_bundle, device_name
 from nvrm.client import RewardClient
-from nvrm.synth.bundles import MID_SPEC, ArchSpec, build_tiny_bundle
-from nvrm.synth.clips import moving_square
 
-NVRM = Path(sys.executable).parent / "nvrm"
+NVRM = [sys.executable, "-c", "import sys; from nvrm.cli.main import main; sys.exit(main())"]
+PROMPT = "The camera walks forward along a busy street at dusk."
 
 
-def start(bundle: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(NVRM), "serve", "--model", str(bundle), "--port", str(port), "--max-queue", "4096", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1800):
+def frames(n: int, seed: int, h: int = 360, w: int = 640) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, size=(h + n, w + n, 3), dtype=np.uint8)
+    return np.stack([base[i : i + h, i : i + w] for i in range(n)])
+
+
+def make_items(n: int) -> list[tuple[str, Clip, Clip]]:
+    """n items with their own contexts (10 frames) and candidates (5 frames), all at 1 fps."""
+    ctxs = [frames(10, 1000 + i % 8) for i in range(8)]
+    cands = [frames(5, 2000 + i % 8) for i in range(8)]
+    return [(PROMPT, Clip(ctxs[i % 8], 1.0, name=f"ctx{i}"), Clip(cands[(i * 3) % 8], 1.0, name=f"cand{i}")) for i in range(n)]
+
+
+class Server:
+    def __init__(self, bundle: Path, *extra: str, log_dir: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_dir / f"serve-{self.port}.log", "w")
+        self.proc = subprocess.Popen([*NVRM, "serve", "--model", str(bundle), "--port", str(self.port), "--max-queue-items", "4096", "--max-body-mb", "512", *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(3000):
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited: see {self.log.name}")
+            time.sleep(0.1)
+        raise SystemExit("server did not start")
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit("server did not start")
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
 
 
-def drive(url: str, concurrency: int, requests: int, ctx: Clip, cands: list[Clip]) -> dict:
+def drive(url: str, concurrency: int, items: list, transport: str) -> dict:
+    """``len(items)`` one-item requests from ``concurrency`` client threads; throughput and latency."""
     lat: list[float] = []
+    errors: list[str] = []
     lock = threading.Lock()
-    per = max(1, requests // concurrency)
+    queue = list(enumerate(items))
 
-    def client(k: int) -> None:
-        c = RewardClient(url, retries=10)
-        for j in range(per):
+    def worker() -> None:
+        c = RewardClient(url, transport=transport, retries=20, backoff=0.05)  # type: ignore[arg-type]
+        while True:
+            with lock:
+                if not queue:
+                    break
+                _, it = queue.pop()
             t = time.perf_counter()
-            c.score([("p", ctx, cands[(k + j) % len(cands)])], errors="raise")
+            try:
+                c.score([it], errors="raise")
+            except Exception as e:  # noqa: BLE001
+                errors.append(str(e))
             with lock:
                 lat.append(time.perf_counter() - t)
         c.close()
 
-    c0 = RewardClient(url)
-    c0.score([("p", ctx, cands[0])], errors="raise")  # warm up
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
     wall = time.perf_counter() - t0
     lat.sort()
+    return {
+        "concurrency": concurrency,
+        "items_per_s": len(items) / wall,
+        "p50_ms": 1000 * lat[len(lat) // 2],
+        "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "errors": len(errors),
+    }
 
-    def pct(p: float) -> float:
-        return lat[min(len(lat) - 1, int(round(p * (len(lat) - 1))))]
 
-    return {"concurrency": concurrency, "items": len(lat), "items_per_s": len(lat) / wall,
-            "p50_ms": pct(0.5) * 1000, "p99_ms": pct(0.99) * 1000}
+def shared_context(url: str, n: int = 8) -> float:
+    """Seconds until n concurrent one-item requests that share one context are all answered."""
+    ctx = Clip(frames(10, 7), 1.0, name="shared")
+    cands = [Clip(frames(5, 300 + i), 1.0) for i in range(n)]
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        c = RewardClient(url)
+        barrier.wait()
+        c.score([(PROMPT, ctx, cands[i])], errors="raise")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", choices=["tiny", "mid"], default="tiny")
-    ap.add_argument("--requests", type=int, default=160, help="requests per concurrency level")
-    ap.add_argument("--concurrency", default="1,4,16,32")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    p = argparse.ArgumentParser()
+    p.add_argument("--arch", default="mid", choices=["tiny", "mid", "4b"])
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--requests", type=int, default=64, help="one-item requests per measurement")
+    p.add_argument("--json", metavar="PATH", help="also write the report here")
+    args = p.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
-    ctx = Clip(moving_square(2, 64, 32, seed=1), fps=1)
-    cands = [Clip(moving_square(5, 64, 32, seed=10 + i, speed=1 + i), fps=1) for i in range(4)]
-    out = {"machine": f"{platform.processor() or platform.machine()} x{os.cpu_count()}", "arch": args.arch, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        bundle = build_tiny_bundle(Path(tmp) / "bundle", MID_SPEC if args.arch == "mid" else ArchSpec())
-        for mode, extra in (("batching on", ()), ("batching off", ("--max-batch-items", "1"))):
-            proc, url = start(bundle, *extra)
+    bundle = build_bench_bundle(args.arch)
+    items = make_items(args.requests)
+
+    from nvrm import RewardModel
+    from nvrm.inputs import prepare_input
+
+    model = RewardModel.from_pretrained(bundle)
+    model.score_batch(items[:2])  # warm-up
+    t = time.perf_counter()
+    model.score_batch(items)
+    inproc = len(items) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for _, ctx, cand in items[:8]:
+        prepare_input(ctx, "context", model.contract), prepare_input(cand, "candidate", model.contract)
+    contract_s = (time.perf_counter() - t) / 8
+    device = device_name(model.device)
+    model.close()
+
+    report: dict = {
+        "arch": args.arch,
+        "device": device,
+        "python": platform.python_version(),
+        "workload": "one item per request: 10 context + 5 candidate frames, 360x640 at 1 fps, in-memory",
+        "in_process_score_batch_items_per_s": inproc,
+        "contract_s_per_item": contract_s,
+        "rows": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="nvrm-serve-load-") as tmp:
+        for label, extra in (("batching on", ()), ("batching off", ("--max-batch-items", "1"))):
+            s = Server(bundle, *extra, log_dir=Path(tmp))
             try:
-                out["runs"][mode] = [drive(url, c, args.requests, ctx, cands) for c in levels]
+                drive(s.url, 2, items[:4], "binary")  # warm-up
+                for transport in ("json", "binary"):
+                    for c in levels:
+                        names = ("nvrm_parse_seconds_sum", "nvrm_parse_seconds_count", "nvrm_context_hash_seconds_sum")
+                        before = [s.metric(m) for m in names]
+                        row = {"server": label, "transport": transport, **drive(s.url, c, items, transport)}
+                        parse, n, hashing = (s.metric(m) - b for m, b in zip(names, before))
+                        row["parse_ms_per_request"] = 1000 * parse / max(n, 1)
+                        row["context_hash_ms_per_request"] = 1000 * hashing / max(n, 1)
+                        row["vs_in_process"] = row["items_per_s"] / inproc
+                        report["rows"].append(row)
+                        print(json.dumps(row), flush=True)
             finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+                s.stop()
+        shared = {}
+        for label, extra in (("cache on", ()), ("cache off", ("--context-cache-mb", "0"))):
+            s = Server(bundle, *extra, log_dir=Path(tmp))
+            try:
+                shared_context(s.url)  # warm-up
+                shared[label] = min(shared_context(s.url) for _ in range(3))
+            finally:
+                s.stop()
+        report["shared_context_8_requests_s"] = shared
+        report["shared_context_speedup"] = shared["cache off"] / shared["cache on"]
+    binary16 = [r for r in report["rows"] if r["server"] == "batching on" and r["transport"] == "binary"]
+    report["parse_fraction_of_contract"] = max(r["parse_ms_per_request"] for r in binary16) / 1000 / contract_s
+    report["context_hash_fraction_of_contract"] = max(r["context_hash_ms_per_request"] for r in binary16) / 1000 / contract_s
+    print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1))
     if args.json:
-        print(json.dumps(out, indent=1))
-        return
-    print(f"arch={args.arch} machine={out['machine']}; one item per request (2-frame context, 5-frame candidate, 64x32 source frames)")
-    print("| concurrency | batching on items/s | p50 ms | p99 ms | batching off items/s | p50 ms | p99 ms | on/off |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for on, off in zip(out["runs"]["batching on"], out["runs"]["batching off"]):
-        print(f"| {on['concurrency']} | {on['items_per_s']:.1f} | {on['p50_ms']:.0f} | {on['p99_ms']:.0f} | "
-              f"{off['items_per_s']:.1f} | {off['p50_ms']:.0f} | {off['p99_ms']:.0f} | {on['items_per_s'] / off['items_per_s']:.2f}x |")
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

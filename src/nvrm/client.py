@@ -1,70 +1,91 @@
-"""Python client for ``nvrm serve``: sync and async, timeouts, retries with backoff.
+"""Python client for ``nvrm serve``: sync and async, binary frames, timeouts, retries with backoff.
 
     from nvrm.client import RewardClient
     client = RewardClient("http://127.0.0.1:8000")
     client.score([("a prompt", "ctx.mp4", "cand.mp4")])[0].reward
     await client.ascore_group("a prompt", "ctx.mp4", ["a.mp4", "b.mp4"])
 
-Paths are sent as paths (the server must allow their folder); bytes as
-base64 video; ``Clip`` objects as base64 ``.npy`` frames with their fps.
+Torch-free: ``import nvrm.client`` loads httpx, NumPy, pydantic and tenacity,
+never torch or transformers (a test checks ``sys.modules``).
+
+Paths are sent as paths (the server must allow their folder). Bulk inputs
+(``Clip`` frames, video bytes) travel as binary multipart parts by default
+(``transport="binary"``; ``"json"`` sends them as base64 inside the JSON).
 Per-item errors come back as ``RemoteItemError`` (or are raised, with
 ``errors="raise"``), never as a made-up reward.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
+import json
 import os
-import random
-import time
 from typing import Any, Literal, Sequence
 
 import httpx
-import numpy as np
+from pydantic import ValidationError
+from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt
 
-from .errors import InputError, NvrmError
-from .inputs import Clip
-from .scoring import ScoreResult
+from .clip import Clip
+from .errors import InputError, RemoteItemError, ServiceError
+from .protocol import REQUEST_PART, ItemError, ScoreResponse, encode_frames, npy_bytes
+from .results import ScoreResult
 
-
-class ServiceError(NvrmError):
-    """The service refused or failed a whole request (after retries)."""
-
-    def __init__(self, message: str, status: int | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-class RemoteItemError(NvrmError):
-    """One item the service could not score; ``code`` is the service's error code."""
-
-    def __init__(self, index: int, code: str, message: str):
-        super().__init__(f"item {index}: {message}")
-        self.index = index
-        self.code = code
-
+__all__ = ["RewardClient", "RemoteItemError", "ServiceError"]
 
 RETRY_STATUS = {502, 503, 504}
+Transport = Literal["binary", "json"]
+Errors = Literal["raise", "return"]
 
 
-def video_payload(value: Any, where: str = "video") -> dict:
-    """A context or candidate as the service's VIDEO object."""
-    if isinstance(value, (str, os.PathLike)):
-        return {"path": os.path.abspath(os.fspath(value))}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"data": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, Clip):
-        from .serve.media import encode_frames
+class _Retryable(Exception):
+    """A failure worth another try (connection trouble, 502/503/504); carries the last error."""
 
-        return {"frames": encode_frames(np.asarray(value.frames)), "fps": float(value.fps)}
-    if isinstance(value, dict) and len(value) >= 1 and set(value) <= {"path", "data", "frames", "fps"}:
-        return value
-    raise InputError(where, f"cannot send {type(value).__name__} to the service; pass a path, video bytes or nvrm.Clip")
+    def __init__(self, error: ServiceError, retry_after: float | None):
+        self.error = error
+        self.retry_after = retry_after
+
+
+class _Body:
+    """A request being built: JSON, plus the binary parts its VIDEO objects name."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.parts: list[tuple[str, bytes]] = []
+
+    def video(self, value: Any, where: str) -> dict[str, Any]:
+        if isinstance(value, (str, os.PathLike)):
+            return {"path": os.path.abspath(os.fspath(value))}
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            if self.transport == "binary":
+                return {"part": self._part(bytes(value))}
+            import base64
+
+            return {"data": base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, Clip):
+            if self.transport == "binary":
+                return {"part": self._part(npy_bytes(value.numpy())), "fps": float(value.fps)}
+            return {"frames": encode_frames(value.numpy()), "fps": float(value.fps)}
+        if isinstance(value, dict) and value and set(value) <= {"path", "data", "frames", "fps"}:
+            return value
+        raise InputError(where, f"cannot send {type(value).__name__} to the service; pass a path, video bytes or nvrm.Clip")
+
+    def _part(self, data: bytes) -> str:
+        name = f"p{len(self.parts)}"
+        self.parts.append((name, data))
+        return name
+
+    def request(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """httpx keyword arguments for this body."""
+        if not self.parts:
+            return {"content": json.dumps(payload), "headers": {"content-type": "application/json"}}
+        files = [(REQUEST_PART, (None, json.dumps(payload), "application/json"))]
+        files += [(name, (name, data, "application/octet-stream")) for name, data in self.parts]
+        return {"files": files}
 
 
 class RewardClient:
+    """A client of one ``nvrm serve`` URL (or a Ray Serve route in front of several replicas)."""
+
     def __init__(
         self,
         url: str,
@@ -73,138 +94,153 @@ class RewardClient:
         timeout: float = 120.0,
         retries: int = 4,
         backoff: float = 0.25,
+        transport: Transport = "binary",
     ):
+        """
+        Args:
+            url: the service's base URL, e.g. ``http://127.0.0.1:8000``.
+            api_key: bearer token when the server was started with ``--api-key-env``.
+            timeout: seconds for one HTTP exchange.
+            retries: extra attempts on connection errors and 502/503/504 (honouring ``Retry-After``).
+            backoff: first backoff in seconds; doubles per attempt, with jitter.
+            transport: ``"binary"`` (multipart with raw ``.npy``/video parts) or ``"json"`` (base64).
+        """
+        if transport not in ("binary", "json"):
+            raise ValueError(f"transport must be 'binary' or 'json', got {transport!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.transport: Transport = transport
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._sync: httpx.Client | None = None
         self._async: httpx.AsyncClient | None = None
 
-    # ------------------------------------------------------------ plumbing
+    # ------------------------------------------------------------ one retry policy, sync and async
 
-    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        if response is not None:
-            ra = response.headers.get("retry-after")
-            if ra and ra.replace(".", "", 1).isdigit():
-                return min(float(ra), 30.0)
-        return self.backoff * (2**attempt) * (0.5 + random.random())
+    def _wait(self, state) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, _Retryable) and error.retry_after is not None:
+            return min(error.retry_after, 30.0)
+        import random
 
-    @staticmethod
-    def _failure(response: httpx.Response) -> ServiceError:
-        try:
-            err = response.json()["error"]
-            return ServiceError(f"service answered {response.status_code}: {err['message']}", response.status_code, err.get("code"))
-        except Exception:  # noqa: BLE001
-            return ServiceError(f"service answered {response.status_code}: {response.text[:200]}", response.status_code)
+        return self.backoff * (2 ** (state.attempt_number - 1)) * (0.5 + random.random())
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
-        if self._sync is None:
-            self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            response = None
-            try:
-                response = self._sync.request(method, self.url + path, json=body)
-            except httpx.TransportError as e:
-                last = ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}")
-            else:
-                if response.status_code not in RETRY_STATUS:
-                    return self._decode(response)
-                last = self._failure(response)
-            if attempt < self.retries:
-                time.sleep(self._delay(attempt, response))
-        raise last  # type: ignore[misc]
+    def _policy(self) -> dict[str, Any]:
+        return {
+            "stop": stop_after_attempt(self.retries + 1),
+            "wait": self._wait,
+            "retry": retry_if_exception_type(_Retryable),
+            "reraise": True,
+        }
 
-    async def _arequest(self, method: str, path: str, body: Any = None) -> Any:
-        if self._async is None:
-            self._async = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            response = None
-            try:
-                response = await self._async.request(method, self.url + path, json=body)
-            except httpx.TransportError as e:
-                last = ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}")
-            else:
-                if response.status_code not in RETRY_STATUS:
-                    return self._decode(response)
-                last = self._failure(response)
-            if attempt < self.retries:
-                await asyncio.sleep(self._delay(attempt, response))
-        raise last  # type: ignore[misc]
-
-    def _decode(self, response: httpx.Response) -> Any:
+    def _check(self, response: httpx.Response) -> Any:
+        if response.status_code in RETRY_STATUS:
+            ra = response.headers.get("retry-after", "")
+            raise _Retryable(self._failure(response), float(ra) if ra.replace(".", "", 1).isdigit() else None)
         if response.status_code == 422:  # every item failed on its input: still per-item results
             return response.json()
         if response.status_code >= 400:
             raise self._failure(response)
         return response.json()
 
-    @staticmethod
-    def _results(payload: dict, errors: str) -> list[ScoreResult | RemoteItemError]:
-        out: list[Any] = []
-        for i, r in enumerate(payload["results"]):
-            if "error" in r:
-                e = RemoteItemError(i, r["error"]["code"], r["error"]["message"])
-                if errors == "raise":
-                    raise e
-                out.append(e)
-            else:
-                out.append(
-                    ScoreResult(
-                        reward=float(r["reward"]),
-                        context_times=tuple(r["context_times"]),
-                        candidate_times=tuple(r["candidate_times"]),
-                        num_tokens=int(r["num_tokens"]),
-                        contract=payload["contract"],
-                        model_revision=payload["model"].get("revision"),
-                    )
-                )
-        return out
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if self._sync is None:
+            self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
+        try:
+            for attempt in Retrying(**self._policy()):
+                with attempt:
+                    try:
+                        response = self._sync.request(method, self.url + path, **kwargs)
+                    except httpx.TransportError as e:
+                        raise _Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
+                    return self._check(response)
+        except _Retryable as e:
+            raise e.error from None
+
+    async def _arequest(self, method: str, path: str, **kwargs: Any) -> Any:
+        if self._async is None:
+            self._async = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
+        try:
+            async for attempt in AsyncRetrying(**self._policy()):
+                with attempt:
+                    try:
+                        response = await self._async.request(method, self.url + path, **kwargs)
+                    except httpx.TransportError as e:
+                        raise _Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
+                    return self._check(response)
+        except _Retryable as e:
+            raise e.error from None
 
     @staticmethod
-    def _items_body(items: Sequence[Any]) -> dict:
-        body = []
+    def _failure(response: httpx.Response) -> ServiceError:
+        try:
+            err = response.json()["error"]
+            return ServiceError(f"service answered {response.status_code}: {err['message']}", response.status_code, err.get("code"))
+        except Exception:  # noqa: BLE001 - not our JSON error body
+            return ServiceError(f"service answered {response.status_code}: {response.text[:200]}", response.status_code)
+
+    # ------------------------------------------------------------ bodies and results
+
+    def _items(self, items: Sequence[Any], exact: bool) -> dict[str, Any]:
+        body = _Body(self.transport)
+        rows = []
         for i, it in enumerate(items):
             prompt, context, candidate = (it["prompt"], it["context"], it["candidate"]) if isinstance(it, dict) else it
-            body.append(
-                {
-                    "prompt": prompt,
-                    "context": video_payload(context, f"item {i} context"),
-                    "candidate": video_payload(candidate, f"item {i} candidate"),
-                }
-            )
-        return {"items": body}
+            rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context"), "candidate": body.video(candidate, f"item {i} candidate")})
+        return body.request({"items": rows, "exact": exact})
+
+    def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool) -> dict[str, Any]:
+        body = _Body(self.transport)
+        payload = {
+            "prompt": prompt,
+            "context": body.video(context, "context"),
+            "candidates": [body.video(c, f"candidate {i}") for i, c in enumerate(candidates)],
+            "exact": exact,
+        }
+        return body.request(payload)
 
     @staticmethod
-    def _group_body(prompt: str, context: Any, candidates: Sequence[Any]) -> dict:
-        return {
-            "prompt": prompt,
-            "context": video_payload(context, "context"),
-            "candidates": [video_payload(c, f"candidate {i}") for i, c in enumerate(candidates)],
-        }
+    def _results(payload: Any, errors: Errors) -> list[ScoreResult | RemoteItemError]:
+        try:
+            response = ScoreResponse.model_validate(payload)
+        except ValidationError as e:
+            raise ServiceError(f"the service's answer is not a score response ({e.error_count()} problem(s))") from e
+        out: list[ScoreResult | RemoteItemError] = []
+        for i, r in enumerate(response.results):
+            if isinstance(r, ItemError):
+                err = RemoteItemError(i, r.error.code, r.error.message)
+                if errors == "raise":
+                    raise err
+                out.append(err)
+            else:
+                out.append(ScoreResult(r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract, response.model.revision))
+        return out
 
     # ------------------------------------------------------------ API
 
-    def score(self, items: Sequence[Any], *, errors: Literal["raise", "return"] = "return") -> list[ScoreResult | RemoteItemError]:
-        """``items``: (prompt, context, candidate) triples or dicts; results in order."""
-        return self._results(self._request("POST", "/v1/score", self._items_body(items)), errors)
+    def score(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> list[ScoreResult | RemoteItemError]:
+        """``items``: (prompt, context, candidate) triples or dicts; one result per item, in order."""
+        return self._results(self._request("POST", "/v1/score", **self._items(items, exact)), errors)
 
-    def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Literal["raise", "return"] = "return"):
-        return self._results(self._request("POST", "/v1/score_group", self._group_body(prompt, context, candidates)), errors)
+    def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "return", exact: bool = False):
+        """Candidates sharing one prompt and context; one result per candidate, in order."""
+        return self._results(self._request("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors)
 
-    async def ascore(self, items: Sequence[Any], *, errors: Literal["raise", "return"] = "return"):
-        return self._results(await self._arequest("POST", "/v1/score", self._items_body(items)), errors)
+    async def ascore(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False):
+        """``score``, asynchronously."""
+        return self._results(await self._arequest("POST", "/v1/score", **self._items(items, exact)), errors)
 
-    async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Literal["raise", "return"] = "return"):
-        return self._results(await self._arequest("POST", "/v1/score_group", self._group_body(prompt, context, candidates)), errors)
+    async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "return", exact: bool = False):
+        """``score_group``, asynchronously."""
+        return self._results(await self._arequest("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors)
 
     def info(self) -> dict:
+        """The service's ``/v1/info``: model, contract and limits."""
         return self._request("GET", "/v1/info")
 
     def ready(self) -> bool:
+        """Whether ``/readyz`` answers 200 now."""
         try:
             r = httpx.get(self.url + "/readyz", timeout=self.timeout)
         except httpx.TransportError:
@@ -212,6 +248,9 @@ class RewardClient:
         return r.status_code == 200
 
     def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until the model is loaded, or raise ``ServiceError`` after ``timeout`` seconds."""
+        import time
+
         deadline = time.monotonic() + timeout
         while not self.ready():
             if time.monotonic() > deadline:
@@ -233,3 +272,9 @@ class RewardClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    async def __aenter__(self) -> "RewardClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()

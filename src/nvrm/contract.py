@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import BundleError
+from .errors import BundleError, ConfigError
 
 CONTRACT_FILENAME = "nvrm_contract.json"
 
@@ -90,7 +90,7 @@ class Contract:
         if self.head_dtype not in ("bfloat16", "float16", "float32"):
             problems.append(f"head_dtype={self.head_dtype!r} must be bfloat16, float16 or float32")
         if problems:
-            raise BundleError("invalid contract: " + "; ".join(problems))
+            raise ConfigError("invalid contract: " + "; ".join(problems))
 
     @property
     def resize_factor(self) -> int:
@@ -114,17 +114,13 @@ class Contract:
         """sha256 of the canonical JSON form, hex."""
         return hashlib.sha256(self.to_json().encode("ascii")).hexdigest()
 
-    @property
-    def short_fingerprint(self) -> str:
-        return self.fingerprint[:12]
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "contract") -> "Contract":
         """Build from a (possibly partial) mapping; missing fields keep release defaults."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise BundleError(
+            raise ConfigError(
                 f"{source}: unknown contract field(s) {', '.join(unknown)}; known fields: {', '.join(sorted(known))}"
             )
         return cls(**dict(data))
@@ -141,7 +137,10 @@ class Contract:
             raise BundleError(f"{path}: cannot read contract overrides ({e})") from e
         if not isinstance(data, dict):
             raise BundleError(f"{path}: contract overrides must be a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data, source=str(path))
+        try:
+            return cls.from_dict(data, source=str(path))
+        except (ConfigError, TypeError) as e:
+            raise BundleError(f"{path}: {e}") from e
 
 
 RELEASE_CONTRACT = Contract()

@@ -85,3 +85,54 @@ class OutputError(NvrmError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.reason))
+
+
+class RequestError(InputError):
+    """A service request is malformed or not allowed (HTTP 400 / 403 / 413)."""
+
+    def __init__(self, where: str, reason: str, status: int = 400, code: str = "bad_request"):
+        super().__init__(where, reason)
+        self.status = status
+        self.code = code
+
+    def __reduce__(self):
+        return (type(self), (self.source, self.reason, self.status, self.code))
+
+
+class ServiceError(NvrmError):
+    """The reward service refused or failed a whole request (after the client's retries)."""
+
+    def __init__(self, message: str, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.status, self.code))
+
+
+class RemoteItemError(NvrmError):
+    """One item the reward service could not score; ``code`` is the service's error code."""
+
+    def __init__(self, index: int, code: str, message: str):
+        super().__init__(f"item {index}: {message}")
+        self.index = index
+        self.code = code
+        self.detail = message
+
+    def __reduce__(self):
+        return (type(self), (self.index, self.code, self.detail))
+
+
+class RewardFnError(NvrmError):
+    """Some items given to a reward function could not be scored; ``failures`` maps index -> message."""
+
+    def __init__(self, failures: dict[int, str], total: int):
+        self.failures = failures
+        self.total = total
+        first = "; ".join(f"[{i}] {m}" for i, m in list(failures.items())[:3])
+        more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
+        super().__init__(f"{len(failures)} of {total} item(s) failed: {first}{more}")
+
+    def __reduce__(self):
+        return (type(self), (self.failures, self.total))

@@ -12,7 +12,6 @@ Accepted for either slot:
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
@@ -20,6 +19,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 from PIL import Image
 
+from .clip import Clip, is_tensor as _is_tensor
 from .contract import Contract
 from .errors import InputError
 from .limits import Limits
@@ -28,73 +28,6 @@ from .video.frames import array_to_image, prepare_frame, to_rgb
 from .video.sampling import SamplePlan, clip_duration, plan_candidate, plan_context
 
 _DEFAULT_LIMITS = Limits()
-
-
-def _is_tensor(value: Any) -> bool:
-    """A torch tensor, recognised without importing torch here."""
-    return hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "dtype")
-
-
-@dataclass(frozen=True, eq=False)
-class Clip:
-    """Decoded frames in memory: uint8 ``(T, H, W, 3)`` at ``fps`` frames per second.
-
-    A torch tensor stays where it is (a GPU tensor straight from a world
-    model's decoder included): only the frames the contract samples are ever
-    copied to the host.
-    """
-
-    frames: Any
-    """NumPy array or torch tensor of shape (T, H, W, 3), dtype uint8, RGB."""
-    fps: float
-    """Frame rate of ``frames``; frame i is at time i / fps."""
-    name: str = field(default="Clip")
-    """How the clip is named in messages."""
-
-    def __post_init__(self) -> None:
-        frames = self.frames
-        if not _is_tensor(frames):
-            frames = np.asarray(frames)
-        dtype = str(frames.dtype).replace("torch.", "")
-        if dtype != "uint8":
-            raise InputError(self.name, f"frames must be uint8, got {dtype}")
-        shape = tuple(frames.shape)
-        if len(shape) != 4 or shape[-1] != 3:
-            raise InputError(self.name, f"frames must have shape (T, H, W, 3), got {shape}")
-        if shape[0] == 0:
-            raise InputError(self.name, "clip has zero frames")
-        if isinstance(self.fps, bool) or not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0):
-            raise InputError(self.name, f"fps must be a positive number, got {self.fps!r}")
-        object.__setattr__(self, "frames", frames)
-
-    def __len__(self) -> int:
-        return int(self.frames.shape[0])
-
-    @property
-    def height(self) -> int:
-        return int(self.frames.shape[1])
-
-    @property
-    def width(self) -> int:
-        return int(self.frames.shape[2])
-
-    @property
-    def times(self) -> list[float]:
-        return [i / self.fps for i in range(len(self))]
-
-    def take(self, indices: Sequence[int]) -> np.ndarray:
-        """uint8 (k, H, W, 3) host array of the frames at ``indices`` (only those are copied)."""
-        idx = list(indices)
-        if _is_tensor(self.frames):
-            import torch
-
-            sel = torch.as_tensor(idx, dtype=torch.long, device=self.frames.device)
-            return self.frames.detach().index_select(0, sel).cpu().numpy()
-        return np.asarray(self.frames[idx])
-
-    def numpy(self) -> np.ndarray:
-        """All frames as one host array."""
-        return self.take(range(len(self)))
 
 
 ImageLike = Union[Image.Image, np.ndarray]

@@ -17,18 +17,8 @@ import math
 import os
 from typing import Any, Callable, Sequence, Union
 
-from .errors import NvrmError
-from .inputs import Clip
-
-
-class RewardFnError(NvrmError):
-    """Some items could not be scored; ``failures`` maps index -> message."""
-
-    def __init__(self, failures: dict[int, str], total: int):
-        self.failures = failures
-        first = "; ".join(f"[{i}] {m}" for i, m in list(failures.items())[:3])
-        more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
-        super().__init__(f"{len(failures)} of {total} item(s) failed: {first}{more}")
+from .errors import NvrmError, RewardFnError
+from .clip import Clip
 
 
 def _context_key(prompt: str, context: Any):

@@ -1,7 +1,6 @@
 """nvrm batch / rank / eval as users run them: durable, resumable, nothing lost."""
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -9,7 +8,6 @@ import struct
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 from PIL import Image
 
 from nvrm.cli.main import main
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, bf16_ulp
 
 NVRM = Path(sys.executable).parent / "nvrm"
 

@@ -1,14 +1,13 @@
 """nvrm batch --ray on a local Ray cluster started by the test (2 CPUs, loopback)."""
 
 import json
-import math
 import shutil
 
 import pytest
 import ray  # installed by the test extra: these tests run in CI, never skipped
 
 from nvrm.cli.main import main
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, bf16_ulp
 
 
 

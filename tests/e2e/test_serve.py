@@ -18,9 +18,9 @@ import pytest
 
 from nvrm import Clip, RewardFnError, make_reward_fn
 from nvrm.client import RemoteItemError, RewardClient, ServiceError
-from nvrm.serve.media import encode_frames
+from nvrm.protocol import encode_frames
 from nvrm.synth.clips import moving_square
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, bf16_ulp
 
 NVRM = Path(sys.executable).parent / "nvrm"
 
@@ -87,7 +87,7 @@ def data_dir(tmp_path_factory, clips):
 
 @pytest.fixture(scope="module")
 def server(tiny_bundle, data_dir):
-    s = Server(tiny_bundle, "--allow-dir", data_dir[0], "--max-queue", 64, "--max-body-mb", 2, "--max-wait-ms", 10)
+    s = Server(tiny_bundle, "--allow-dir", data_dir[0], "--max-queue-items", 64, "--max-body-mb", 2, "--max-wait-ms", 10)
     yield s
     s.stop()
 
@@ -103,7 +103,7 @@ def post(server, path, body, headers=None):
 
 
 def frames(clip):
-    return {"frames": encode_frames(clip.frames), "fps": clip.fps}
+    return {"frames": encode_frames(clip.numpy()), "fps": clip.fps}
 
 
 def test_probes_info_and_metrics(server, model):
@@ -113,7 +113,7 @@ def test_probes_info_and_metrics(server, model):
     assert info["model"]["revision"] == "tiny-test-0001" and info["contract"]["fingerprint"] == model.fingerprint
     assert info["limits"]["max_queue_items"] == 64 and info["limits"]["path_inputs"] is True
     text = httpx.get(server.url + "/metrics").text
-    for name in ("nvrm_requests_total", "nvrm_items_total", "nvrm_batch_size", "nvrm_queue_depth", "nvrm_request_seconds_bucket"):
+    for name in ("nvrm_requests_total", "nvrm_items_total", "nvrm_batch_size", "nvrm_items_admitted", "nvrm_request_seconds_bucket", "nvrm_context_cache_total"):
         assert name in text
 
 
@@ -180,8 +180,8 @@ def test_group_endpoint_and_per_item_errors(server, data_dir, expected, model):
     "body,status,needle",
     [
         (b"{not json", 400, "not valid JSON"),
-        ({"items": "nope"}, 400, "expected"),
-        ({"items": [{"prompt": 5, "context": {"path": "x"}, "candidate": {"path": "y"}}]}, 400, "'prompt' must be a string"),
+        ({"items": "nope"}, 400, "request.items: must be a list"),
+        ({"items": [{"prompt": 5, "context": {"path": "x"}, "candidate": {"path": "y"}}]}, 400, "request.items[0].prompt: must be a string"),
         ({"items": [{"prompt": "p", "context": {"data": "!!!notbase64"}, "candidate": {"data": "AAAA"}}]}, 400, "not valid base64"),
         ({"items": [{"prompt": "p", "context": {"frames": "AAAA", "fps": 1}, "candidate": {"data": "AAAA"}}]}, 400, "not a .npy array"),
         ({"items": [{"prompt": "p", "context": {"path": "/a", "data": "AAAA"}, "candidate": {"data": "AAAA"}}]}, 400, "exactly one of"),
@@ -266,7 +266,7 @@ def test_async_client(server, expected):
 
 
 def test_auth_and_request_timeout(tiny_bundle):
-    s = Server(tiny_bundle, "--api-key-env", "NVRM_TEST_KEY", "--timeout", "0.001", env={"NVRM_TEST_KEY": "s3cret"})
+    s = Server(tiny_bundle, "--api-key-env", "NVRM_TEST_KEY", "--request-timeout-s", "0.001", env={"NVRM_TEST_KEY": "s3cret"})
     try:
         assert httpx.get(s.url + "/healthz").status_code == 200  # probes stay open
         for path in ("/v1/info", "/metrics"):
@@ -301,7 +301,7 @@ def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
     deadline = time.time() + 30
     while time.time() < deadline:  # wait until requests are in flight
         m = httpx.get(s.url + "/metrics").text
-        depth = [float(line.split()[1]) for line in m.splitlines() if line.startswith("nvrm_queue_depth ")]
+        depth = [float(line.split()[1]) for line in m.splitlines() if line.startswith("nvrm_items_admitted ")]
         if depth and depth[0] > 0:
             break
         time.sleep(0.01)
@@ -314,3 +314,148 @@ def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
         assert [x.reward for x in r] == pytest.approx(expected, abs=GROUP_ULPS * bf16_ulp(expected[0]))
     assert "nvrm serve: stopped" in s.output()
     s.stop()
+
+
+# ---------------------------------------------------------------- binary transport, shared contexts, docs
+
+
+def test_binary_multipart_gives_the_json_answers(server, expected):
+    json_client = RewardClient(server.url, transport="json")
+    binary = RewardClient(server.url)  # multipart with raw .npy parts
+    a = [r.reward for r in json_client.score_group("p", CTX, CANDS)]
+    b = [r.reward for r in binary.score_group("p", CTX, CANDS)]
+    assert a == b and all(abs(x - w) <= GROUP_ULPS * bf16_ulp(w) for x, w in zip(b, expected))
+    # the documented curl form: a `request` part, and parts the VIDEO objects name
+    from nvrm.protocol import npy_bytes
+
+    request = {"prompt": "p", "context": {"part": "ctx", "fps": CTX.fps}, "candidates": [{"part": "c0", "fps": CANDS[0].fps}]}
+    files = {"request": (None, json.dumps(request), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy())), "c0": ("c0.npy", npy_bytes(CANDS[0].numpy()))}
+    r = httpx.post(server.url + "/v1/score_group", files=files, timeout=60)
+    assert r.status_code == 200 and r.json()["results"][0]["reward"] == b[0]
+    bad = {"request": (None, json.dumps({**request, "candidates": [{"part": "nope", "fps": 1}]}), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy()))}
+    r = httpx.post(server.url + "/v1/score_group", files=bad, timeout=60)
+    assert r.status_code == 400 and "names no part" in r.json()["error"]["message"]
+
+
+def test_separate_requests_that_share_a_context_are_scored_together(tiny_bundle, model):
+    s = Server(tiny_bundle, "--max-wait-ms", 200)
+    try:
+        before = {k: v for k, v in _metric_values(s).items()}
+        results = [None] * 8
+
+        def hit(i):
+            results[i] = RewardClient(s.url).score([("shared", CTX, CANDS[i % 4])], errors="raise")[0].reward
+
+        threads = [threading.Thread(target=hit, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after = _metric_values(s)
+        want = [model.score("shared", CTX, c).reward for c in CANDS]
+        assert all(abs(r - want[i % 4]) <= GROUP_ULPS * bf16_ulp(want[i % 4]) for i, r in enumerate(results))
+        hits = after.get('nvrm_context_cache_total{result="hit"}', 0) - before.get('nvrm_context_cache_total{result="hit"}', 0)
+        assert hits >= 7  # one context prepared for eight requests
+        assert after.get("nvrm_shared_context_items_total", 0) >= 2  # some of them scored as one group
+    finally:
+        s.stop()
+
+
+def _metric_values(s) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(s.url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_openapi_docs_describe_the_protocol(server):
+    spec = httpx.get(server.url + "/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    assert {"ScoreRequest", "GroupRequest", "Video", "ScoreResponse", "ErrorResponse"} <= set(schemas)
+    body = spec["paths"]["/v1/score_group"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "multipart/form-data"}
+    assert httpx.get(server.url + "/docs").status_code == 200
+
+
+def test_the_client_imports_without_torch():
+    code = (
+        "import sys, time; t = time.perf_counter(); import nvrm.client; dt = time.perf_counter() - t; "
+        "heavy = [m for m in ('torch', 'transformers', 'av', 'PIL') if m in sys.modules]; print(heavy, round(dt, 3))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    heavy, seconds = out.stdout.split("]")
+    assert heavy == "[" and float(seconds) < 5, out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- hostile requests (bounded work, 4xx answers)
+
+
+@pytest.mark.parametrize(
+    "raw,status,needle",
+    [
+        (b"[" * 200_000 + b"]" * 200_000, 400, "nested too deeply"),
+        (b'{"items": [{"prompt": "p", "n": ' + b"9" * 5000 + b"}]}", 400, "not usable JSON"),
+        (b"[" + b"{}," * 600_000 + b"{}]", 413, "more JSON objects"),
+    ],
+)
+def test_hostile_json_is_refused_cheaply(server, raw, status, needle):
+    r = httpx.post(server.url + "/v1/score", content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == status and needle in r.json()["error"]["message"], r.text
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_an_npy_that_declares_terabytes_is_refused_from_its_header(server):
+    import struct
+
+    header = b"{'descr': '|u1', 'fortran_order': False, 'shape': (100000, 8192, 8192, 3), }"
+    header += b" " * (63 - len(header) % 64) + b"\n"
+    npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + b"\x00" * 64
+    body = {"items": [{"prompt": "p", "context": {"frames": base64.b64encode(npy).decode(), "fps": 1}, "candidate": frames(CANDS[0])}]}
+    r = post(server, "/v1/score", body)
+    assert r.status_code == 400 and "max_source_pixels" in r.json()["error"]["message"]
+    small = npy.replace(b"(100000, 8192, 8192, 3)", b"(100000, 64, 64, 3)      ")
+    body["items"][0]["context"]["frames"] = base64.b64encode(small).decode()
+    r = post(server, "/v1/score", body)
+    assert r.status_code == 400 and "(1228800000 bytes) but carries" in r.json()["error"]["message"]
+
+
+def test_a_megabyte_prompt_is_refused_and_others_keep_being_served(tiny_bundle, expected):
+    s = Server(tiny_bundle, "--max-body-mb", 8)
+    try:
+        body = {"items": [{"prompt": "word " * 200_000, "context": frames(CTX), "candidate": frames(CANDS[0])}]}
+        r = post(s, "/v1/score", body)
+        assert r.status_code == 422 and r.json()["results"][0]["error"]["code"] == "limit_exceeded"
+        assert "max_prompt_tokens" in r.json()["results"][0]["error"]["message"]
+        surrogate = json.dumps({"items": [{"prompt": "bad \ud800", "context": frames(CTX), "candidate": frames(CANDS[0])}]})
+        r = httpx.post(s.url + "/v1/score", content=surrogate, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 422 and "not valid Unicode" in r.json()["results"][0]["error"]["message"]
+        slow = {"items": [{"prompt": "p", "context": {"frames": encode_frames(np.zeros((16, 8, 8, 3), np.uint8)), "fps": 1e-300}, "candidate": frames(CANDS[0])}]}
+        assert "outside min_fps" in post(s, "/v1/score", slow).json()["error"]["message"]
+        good = RewardClient(s.url).score([("p", CTX, CANDS[1])], errors="raise")[0].reward
+        assert abs(good - expected[1]) <= GROUP_ULPS * bf16_ulp(expected[1])
+    finally:
+        s.stop()
+
+
+def test_sigterm_during_long_work_answers_json_and_exits_zero(tiny_bundle):
+    s = Server(tiny_bundle, "--drain-timeout-s", 1, "--workers", 1)
+    answer: list = []
+
+    def hit():
+        big = [Clip(moving_square(5, 64, 32, seed=50 + i, speed=1 + i % 5), fps=1) for i in range(200)]
+        answer.append(httpx.post(s.url + "/v1/score_group", timeout=120, **RewardClient(s.url)._group("p", CTX, big, False)))
+
+    t = threading.Thread(target=hit)
+    t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(v > 0 for k, v in _metric_values(s).items() if k == "nvrm_items_admitted"):
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(120)
+    assert s.proc.wait(60) == 0, s.output()
+    r = answer[0]
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.status_code in (200, 503) and (r.status_code == 200 or r.json()["error"]["code"] == "shutting_down")
+    s.log.close()

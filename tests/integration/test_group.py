@@ -8,7 +8,7 @@ import torch
 from nvrm import Clip, Contract, ContractError, InputError, RewardModel
 from nvrm.engine.encode import to_pixel_values
 from nvrm.synth.clips import moving_square
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, bf16_ulp
 
 CTX = Clip(moving_square(40, 96, 128, seed=1), fps=4)
 SIZES = [(96, 128), (64, 80), (120, 90), (96, 128), (200, 48), (144, 176)]

@@ -1,6 +1,5 @@
 """The runtime equals a plain reference implementation of the contract, exactly."""
 
-import math
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ from nvrm import Clip
 from nvrm.synth.clips import moving_square, write_video
 from nvrm.engine.jobs import item_job
 from nvrm.reference import ReferenceScorer, reference_images
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import BATCH_ULPS, bf16_ulp
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, bf16_ulp
 from nvrm import Clip, Contract, ContractError, InputError, RewardModel
 from nvrm.synth.clips import moving_square
 

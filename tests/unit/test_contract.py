@@ -3,6 +3,7 @@ import json
 import pytest
 
 from nvrm import RELEASE_CONTRACT, BundleError, Contract
+from nvrm.errors import ConfigError
 
 
 def test_release_values_match_model_card():
@@ -48,7 +49,7 @@ def test_round_trip_through_dict():
     ],
 )
 def test_invalid_values_are_named(kwargs, needle):
-    with pytest.raises(BundleError, match="invalid contract") as e:
+    with pytest.raises(ConfigError, match="invalid contract") as e:  # a bad setting, made in code
         Contract(**kwargs)
     assert needle in str(e.value)
 

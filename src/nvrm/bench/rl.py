@@ -113,7 +113,7 @@ def run_rl(
             # the model stage over the stream: prepared inputs only
             _, t_gpu = timed(lambda: [model.score_prepared_group(p) for p in prepared], dev)
             flops = _group_flops(model, prepared[0])
-            del prepared
+            prepared = None  # free the stream before the paths run
 
             k = min(loop_candidates, g)
             loop, t_loop = timed(lambda: [model.score(prompt, ctx, c) for c in cands[:k]], dev)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import InputError, NvrmError
+from ..errors import InputError
 from .commands import add_model_args, load_model
 
 # ------------------------------------------------------------------ batch

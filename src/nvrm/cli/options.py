@@ -41,6 +41,8 @@ def add_dataclass_args(parser: argparse._ActionsContainer, cls: type, *, exclude
         dest = f"{cls.__name__}.{f.name}"
         if f.name == "compile":  # --compile [MODE]
             target.add_argument(flag, dest=dest, nargs="?", const=True, default=default, metavar="MODE", help=help_text)
+        elif f.metadata.get("repeat"):
+            target.add_argument(flag, dest=dest, action="append", default=[], metavar="VALUE", help=help_text)
         elif kind is bool:
             if default is True:
                 target.add_argument(flag, dest=dest, action="store_false", help=help_text + " (on by default; this flag turns it off)")
@@ -59,7 +61,7 @@ def dataclass_from_args(args: argparse.Namespace, cls: type, **extra: Any) -> An
     prefix = cls.__name__ + "."
     for key, value in vars(args).items():
         if key.startswith(prefix):
-            values[key[len(prefix):]] = value
+            values[key[len(prefix):]] = tuple(value) if isinstance(value, list) else value
     try:
         return cls(**values)
     except ConfigError:

@@ -1,4 +1,4 @@
-"""nvrm serve: the reward service on uvicorn."""
+"""``nvrm serve``: the reward service on uvicorn, or as Ray Serve replicas (``--ray``)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,22 @@ import logging
 import os
 import sys
 
-from ..errors import InputError
+from ..errors import ConfigError
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="bundle directory (or Hub repo id)")
-    p.add_argument("--revision", help="Hub revision to pin when --model is a repo id")
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--no-verify", action="store_true", help="skip the manifest sha256 check")
-    p.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE", help="torch.compile the language model")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--allow-dir", action="append", default=[], metavar="DIR", help="folder {\"path\"} inputs may read (repeatable)")
-    p.add_argument("--api-key-env", metavar="NAME", help="require 'Authorization: Bearer $NAME' on /v1/* and /metrics")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, metavar="N", help="tokens per forward pass across requests")
-    p.add_argument("--max-batch-items", type=int, default=64, metavar="N", help="items per forward pass (1 = no cross-request batching)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="M", help="how long a ready item waits for others to join its batch")
-    p.add_argument("--max-queue", type=int, default=1024, metavar="N", help="items in flight before new requests get 503")
-    p.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB", help="request body size limit")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per-request timeout (504 after)")
-    p.add_argument("--drain-timeout", type=float, default=60.0, metavar="S", help="on SIGTERM, how long in-flight requests may finish")
+    from ..serve.config import ServeConfig
+    from .commands import add_model_args
+    from .options import add_dataclass_args
+
+    add_model_args(p)
+    add_dataclass_args(p, ServeConfig, group="service")
+    ray = p.add_argument_group("Ray Serve (replicas on one machine or a cluster)")
+    ray.add_argument("--ray", action="store_true", help="deploy the same app as Ray Serve replicas (one model per replica)")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR", help="auto, ray://host:10001, or unset for a local cluster")
+    ray.add_argument("--replicas", type=int, default=1, help="model replicas")
+    ray.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (0 on CPU-only clusters)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs reserved per replica")
 
 
 def _is_loopback(host: str) -> bool:
@@ -39,6 +35,22 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def config_from_args(args: argparse.Namespace):
+    """The ``ServeConfig`` the flags describe, with the bearer token read from ``--api-key-env``."""
+    from ..serve.config import ServeConfig
+    from .options import dataclass_from_args
+
+    config = dataclass_from_args(args, ServeConfig)
+    if config.api_key_env:
+        key = os.environ.get(config.api_key_env)
+        if not key:
+            raise ConfigError(f"--api-key-env {config.api_key_env}: that environment variable is empty or unset")
+        config = ServeConfig(**{**config.__dict__, "api_key": key})
+    if not _is_loopback(config.host) and config.api_key is None:
+        print(f"nvrm: warning: serving on {config.host} without --api-key-env: anyone who can reach it can use it", file=sys.stderr)
+    return config
+
+
 def _server_class():
     import contextlib
     import signal
@@ -47,8 +59,15 @@ def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, but SIGTERM/SIGINT end in a clean exit after the drain
+        """uvicorn's server, but SIGTERM/SIGINT start the drain at once and end in a clean exit
         (uvicorn would re-raise the signal and kill the process once it finished)."""
+
+        on_signal = None
+
+        def handle_exit(self, sig, frame):
+            if self.on_signal is not None:
+                self.on_signal()
+            super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -66,45 +85,26 @@ def _server_class():
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load the model in the background and serve until SIGTERM/SIGINT; exit 0 after the drain."""
+    from .commands import settings_from_args
+
+    config = config_from_args(args)
+    settings = settings_from_args(args)
+    if args.ray:
+        from ..serve.ray_serve import serve_on_ray
+
+        return serve_on_ray(args.model, settings, config, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
+                            cpus_per_replica=args.cpus_per_replica, address=args.ray_address)
     import uvicorn
 
     from ..scoring import RewardModel
     from ..serve.app import create_app
-    from ..serve.config import ServeConfig
-
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise InputError(f"--api-key-env {args.api_key_env}", "that environment variable is empty or unset")
-    config = ServeConfig(
-        host=args.host,
-        port=args.port,
-        allow_dirs=tuple(args.allow_dir),
-        api_key=api_key,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_items=args.max_batch_items,
-        max_wait_ms=args.max_wait_ms,
-        max_queue_items=args.max_queue,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        request_timeout_s=args.timeout,
-        drain_timeout_s=args.drain_timeout,
-    )
-    if not _is_loopback(args.host) and api_key is None:
-        print(f"nvrm: warning: serving on {args.host} without --api-key-env: anyone who can reach it can use it", file=sys.stderr)
-
-    def loader():
-        return RewardModel.from_pretrained(
-            args.model,
-            revision=args.revision,
-            device=args.device,
-            verify=not args.no_verify,
-            max_batch_tokens=args.max_batch_tokens,
-            compile=args.compile,
-        )
 
     fatal: list[str] = []
     server: uvicorn.Server | None = None
+
+    def loader():
+        return RewardModel.from_pretrained(args.model, settings=settings)
 
     def on_fatal(message: str) -> None:
         fatal.append(message)
@@ -112,21 +112,33 @@ def run(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = create_app(loader, config, on_fatal=on_fatal)
+    state = app.state.nvrm
     server = _server_class()(
         uvicorn.Config(
             app,
-            host=args.host,
-            port=args.port,
+            host=config.host,
+            port=config.port,
             log_level="info" if logging.getLogger().level <= logging.INFO else "warning",
             access_log=False,
-            timeout_graceful_shutdown=args.drain_timeout,
+            # the scheduler answers what is still open at the drain deadline; uvicorn waits a
+            # little longer so those answers are written before it closes the connections
+            timeout_graceful_shutdown=config.drain_timeout_s + 2,
             lifespan="on",
         )
     )
-    print(f"nvrm serve: listening on http://{args.host}:{args.port} (model loading; see /readyz)", file=sys.stderr, flush=True)
+    server.on_signal = lambda: state.scheduler.begin_drain(config.drain_timeout_s) if state.scheduler else None
+    print(f"nvrm serve: listening on http://{config.host}:{config.port} (model loading; see /readyz)", file=sys.stderr, flush=True)
     server.run()
     if fatal:
         print(f"nvrm: error: {fatal[0]}", file=sys.stderr)
         return 2
-    print("nvrm serve: stopped", file=sys.stderr)
+    print("nvrm serve: stopped", file=sys.stderr, flush=True)
+    if state.scheduler is not None and not state.scheduler.stop(0):
+        # a forward pass is still running past the drain: leave without tearing down the
+        # interpreter around it (that is what crashed with SIGSEGV), every request answered
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if state.model is not None:
+        state.model.close()
     return 0

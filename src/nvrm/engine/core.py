@@ -86,6 +86,7 @@ class Engine:
         limits: Limits | None = None,
     ):
         self.contract = contract
+        self.rope = rope
         self.limits = limits or Limits()
         self.codec = PixelCodec.for_processor(processor, contract.min_pixels, contract.max_pixels)
         self._spec = WorkerSpec(processor, contract, self.codec, rope, self.limits)

@@ -99,6 +99,31 @@ class GroupEncoded:
     def suffix(self, g: int) -> torch.Tensor:
         return self.ids[g][self.prefix_len :]
 
+    @classmethod
+    def from_items(
+        cls, rope: RopeSpec, n_context: int, context: tuple[torch.Tensor, torch.Tensor], items: Sequence["Encoded"], candidates: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> "GroupEncoded | None":
+        """A group made of separately encoded items that share their prompt and context (no re-tokenising);
+        None if their sequences do not share the context prefix after all."""
+        first = items[0]
+        starts = (first.input_ids == rope.vision_start_token_id).nonzero().flatten()
+        if len(starts) <= n_context:
+            return None
+        P = int(starts[n_context])
+        for it in items[1:]:
+            if not (torch.equal(it.input_ids[:P], first.input_ids[:P]) and torch.equal(it.positions[:, :P], first.positions[:, :P])):
+                return None
+        return cls(
+            [it.input_ids for it in items],
+            [it.positions for it in items],
+            P,
+            context[0],
+            context[1],
+            [c[0] for c in candidates],
+            [c[1] for c in candidates],
+            first.codec,
+        )
+
     def select(self, rows: Sequence[int]) -> "GroupEncoded":
         """The same group with only candidates ``rows`` (in that order)."""
         return GroupEncoded(

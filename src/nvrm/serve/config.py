@@ -1,69 +1,79 @@
-"""Service settings: one frozen object, validated once."""
+"""Service settings: one frozen object, validated once; ``nvrm serve``'s flags are generated from it."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ..errors import InputError
+from ..errors import ConfigError
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    host: str = "127.0.0.1"
-    """Loopback by default; bind elsewhere only on purpose."""
-    port: int = 8000
-    allow_dirs: tuple[str, ...] = ()
-    """Folders ``{"path": ...}`` inputs may read from (resolved, symlinks followed). Empty: path inputs refused."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token required on /v1/* and /metrics when set."""
-    max_batch_tokens: int = 16384
-    """Token budget of one forward pass built from items of concurrent requests."""
-    max_batch_items: int = 64
-    """Most single items merged into one forward pass (1 turns cross-request batching off)."""
-    max_wait_ms: float = 5.0
-    """How long the first ready item waits for others to join its batch."""
-    max_queue_items: int = 1024
-    """Items admitted (preprocessing, waiting or scoring) before new requests get 503."""
-    max_items_per_request: int = 256
-    max_body_bytes: int = 64 * 1024 * 1024
-    request_timeout_s: float = 120.0
-    drain_timeout_s: float = 60.0
-    """On SIGTERM: how long in-flight requests may take to finish."""
+    """How the reward service listens, batches and protects itself (model settings are ``LoadSettings``)."""
+
+    host: str = field(default="127.0.0.1", metadata=_help("address to bind; loopback by default, bind elsewhere only on purpose"))
+    port: int = field(default=8000, metadata=_help("port to listen on"))
+    allow_dirs: tuple[str, ...] = field(
+        default=(),
+        metadata=_help('folder {"path": ...} inputs may read (symlinks resolved first; repeatable); none: path inputs refused', flag="--allow-dir", repeat=True),
+    )
+    api_key_env: str | None = field(
+        default=None, metadata=_help("name of the environment variable holding the bearer token required on /v1/* and /metrics")
+    )
+    max_batch_items: int = field(default=64, metadata=_help("items merged into one forward pass across requests (1 turns cross-request batching off)"))
+    max_wait_ms: float = field(default=5.0, metadata=_help("how long the first ready item waits for others to join its batch"))
+    max_queue_items: int = field(default=1024, metadata=_help("items admitted (preparing, waiting or scoring) before new requests get 503"))
+    max_body_mb: float = field(default=64.0, metadata=_help("request body size limit, enforced while the body streams in"))
+    request_timeout_s: float = field(default=120.0, metadata=_help("per-request deadline: a JSON 504 after it, and its items are dropped before their forward"))
+    drain_timeout_s: float = field(default=60.0, metadata=_help("on SIGTERM, how long in-flight requests may take to finish"))
+    context_cache_mb: float = field(
+        default=512.0, metadata=_help("prepared contexts kept for later requests (LRU, by content); 0 turns context sharing off")
+    )
+    api_key: str | None = field(default=None, repr=False, metadata={"cli": False})
+    """The bearer token itself (read from ``api_key_env`` by the CLI; never a flag)."""
 
     def __post_init__(self) -> None:
         resolved = []
         for d in self.allow_dirs:
             p = Path(d).expanduser()
             if not p.is_dir():
-                raise InputError(f"--allow-dir {d}", "is not an existing directory")
+                raise ConfigError(f"--allow-dir {d}: is not an existing directory")
             resolved.append(os.path.realpath(p))
         object.__setattr__(self, "allow_dirs", tuple(resolved))
         checks = {
-            "max_batch_tokens": self.max_batch_tokens >= 1,
             "max_batch_items": self.max_batch_items >= 1,
             "max_wait_ms": self.max_wait_ms >= 0,
             "max_queue_items": self.max_queue_items >= 1,
-            "max_items_per_request": self.max_items_per_request >= 1,
-            "max_body_bytes": self.max_body_bytes >= 1024,
+            "max_body_mb": self.max_body_mb > 0,
             "request_timeout_s": self.request_timeout_s > 0,
+            "drain_timeout_s": self.drain_timeout_s >= 0,
+            "context_cache_mb": self.context_cache_mb >= 0,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
             if not ok:
-                raise InputError(f"{name}={getattr(self, name)!r}", "is out of range")
+                raise ConfigError(f"{name}={getattr(self, name)!r} is out of range")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
 
     def public(self) -> dict:
-        """Limits as reported by /v1/info (no secrets)."""
+        """Settings as reported by /v1/info (no secrets)."""
         return {
-            "max_batch_tokens": self.max_batch_tokens,
             "max_batch_items": self.max_batch_items,
             "max_wait_ms": self.max_wait_ms,
             "max_queue_items": self.max_queue_items,
-            "max_items_per_request": self.max_items_per_request,
             "max_body_bytes": self.max_body_bytes,
             "request_timeout_s": self.request_timeout_s,
+            "context_cache_mb": self.context_cache_mb,
             "path_inputs": bool(self.allow_dirs),
             "auth": self.api_key is not None,
         }

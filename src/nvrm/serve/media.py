@@ -1,49 +1,109 @@
-"""Turn a request's VIDEO objects into scoring inputs, safely.
+"""A request's VIDEO objects -> scoring inputs, safely, with a content key for each.
 
 VIDEO is one of
 - ``{"path": "..."}``: a file inside an allowed directory (symlinks are
   resolved first, so neither ``..`` nor a link can leave it);
 - ``{"data": "<base64>"}``: encoded video bytes;
-- ``{"frames": "<base64 .npy>", "fps": F}``: a uint8 ``(T, H, W, 3)`` array
-  saved with ``numpy.save`` (loaded with ``allow_pickle=False``).
+- ``{"frames": "<base64 .npy>", "fps": F}``: a uint8 ``(T, H, W, 3)`` array;
+- ``{"part": "name"[, "fps": F]}``: a multipart part holding the same bytes
+  raw (``.npy`` frames when ``fps`` is given, encoded video otherwise).
+
+``.npy`` payloads are parsed from their header and checked against the bytes
+actually present before anything is allocated (never ``allow_pickle``); the
+frames are a zero-copy view of the request body. Each input gets a content
+key (sha256 of its bytes, plus the real path for files) so the service can
+recognise a context it has already prepared.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import binascii
-import io
-import math
+import hashlib
 import os
-from typing import Any
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import InputError
-from ..inputs import Clip
+from ..clip import Clip
+from ..errors import InputError, RequestError
+from ..limits import Limits
+from ..protocol import Video
+
+_NPY_MAGIC = b"\x93NUMPY"
+_MAX_NPY_HEADER = 65536
+# ast.literal_eval is not safe to call from several threads at once in CPython 3.11
+# ("AST constructor recursion depth mismatch"); headers are tiny, so parse them one at a time.
+_HEADER_LOCK = threading.Lock()
 
 
-class RequestError(InputError):
-    """The request itself is malformed (HTTP 400 / 403 / 413)."""
-
-    def __init__(self, where: str, reason: str, status: int = 400, code: str = "bad_request"):
-        super().__init__(where, reason)
-        self.status = status
-        self.code = code
+class _Tally(threading.local):
+    value = 0.0
 
 
-def _b64(value: Any, where: str) -> bytes:
-    if not isinstance(value, str):
-        raise InputError(where, "must be a base64 string")
+HASH_SECONDS = _Tally()
+"""CPU seconds this thread spent hashing contexts (the parse thread reads and resets it)."""
+
+
+@dataclass(frozen=True)
+class Media:
+    """One decoded VIDEO: what the runtime accepts, and a key that identifies its content."""
+
+    value: Any
+    key: str
+
+
+def _b64(value: str, where: str) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as e:
         raise InputError(where, f"is not valid base64 ({e})") from e
 
 
-def resolve_path(raw: Any, allow_dirs: tuple[str, ...], where: str) -> str:
+def load_npy(raw: "bytes | memoryview", where: str, limits: Limits) -> np.ndarray:
+    """A uint8 (T, H, W, 3) array from ``.npy`` bytes, as a view; the header is checked before any allocation."""
+    view = memoryview(raw)
+    if len(view) < 10 or bytes(view[:6]) != _NPY_MAGIC:
+        raise InputError(where, "is not a .npy array (no NUMPY magic)")
+    major = view[6]
+    if major == 1:
+        hlen, start = int.from_bytes(view[8:10], "little"), 10
+    elif major in (2, 3):
+        if len(view) < 12:
+            raise InputError(where, "is not a .npy array (short header)")
+        hlen, start = int.from_bytes(view[8:12], "little"), 12
+    else:
+        raise InputError(where, f"is not a .npy array (format version {major})")
+    if hlen > _MAX_NPY_HEADER or start + hlen > len(view):
+        raise InputError(where, "is not a .npy array (bad header length)")
+    try:
+        with _HEADER_LOCK:
+            header = ast.literal_eval(bytes(view[start : start + hlen]).decode("latin1"))
+        descr, fortran, shape = header["descr"], header["fortran_order"], tuple(header["shape"])
+    except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError) as e:
+        raise InputError(where, "is not a .npy array (unreadable header)") from e
+    if descr not in ("|u1", "<u1", ">u1", "u1"):
+        raise InputError(where, f"frames must be uint8, the .npy declares dtype {descr!r}")
+    if fortran:
+        raise InputError(where, "frames must be a C-ordered .npy array")
+    if len(shape) != 4 or shape[-1] != 3 or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise InputError(where, f"frames must have shape (T, H, W, 3), the .npy declares {shape}")
+    t, h, w, _ = shape
+    limits.check_source(w, h, where)
+    declared = t * h * w * 3
+    body = len(view) - start - hlen
+    if declared != body:
+        raise InputError(where, f"the .npy declares shape {shape} ({declared} bytes) but carries {body} bytes")
+    return np.frombuffer(view, dtype=np.uint8, count=declared, offset=start + hlen).reshape(shape)
+
+
+def confine_path(raw: str, allow_dirs: tuple[str, ...], where: str) -> str:
     """The real path of ``raw`` if it lies inside an allowed directory."""
-    if not isinstance(raw, str) or not raw:
+    if not raw:
         raise InputError(where, "'path' must be a non-empty string")
     if not allow_dirs:
         raise RequestError(where, "path inputs are disabled on this server (start it with --allow-dir)", 403, "forbidden")
@@ -56,36 +116,53 @@ def resolve_path(raw: Any, allow_dirs: tuple[str, ...], where: str) -> str:
     raise RequestError(f"{where} {raw}", "is outside the allowed directories", 403, "forbidden")
 
 
-def to_input(video: Any, allow_dirs: tuple[str, ...], where: str):
-    """A request VIDEO object as something ``prepare_input`` accepts."""
-    if not isinstance(video, dict):
-        raise InputError(where, 'must be an object: {"path": ...}, {"data": ...} or {"frames": ..., "fps": ...}')
-    kinds = [k for k in ("path", "data", "frames") if k in video]
-    if len(kinds) != 1:
-        raise InputError(where, "needs exactly one of 'path', 'data' or 'frames'")
-    kind = kinds[0]
-    if kind == "path":
-        return resolve_path(video["path"], allow_dirs, where)
-    if kind == "data":
-        data = _b64(video["data"], f"{where}.data")
+def _file_key(path: str, where: str) -> str:
+    h = hashlib.sha256(path.encode("utf-8", "surrogateescape"))
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        return "missing:" + path  # the engine reports it in the item's slot
+    except OSError as e:
+        raise InputError(where, f"cannot read ({e.strerror})") from e
+    return "file:" + h.hexdigest()
+
+
+def to_media(
+    video: Video, allow_dirs: tuple[str, ...], where: str, parts: Mapping[str, "bytes | memoryview"], limits: Limits, *, keyed: bool = False
+) -> Media:
+    """A validated VIDEO as a scoring input, with its content key when ``keyed`` (contexts; "" otherwise)."""
+
+    def key(kind: str, data: "bytes | memoryview", extra: str = "") -> str:
+        if not keyed:
+            return ""
+        t = time.thread_time()
+        digest = hashlib.sha256(data).hexdigest()
+        HASH_SECONDS.value += time.thread_time() - t
+        return f"{kind}:{digest}{extra}"
+
+    if video.path is not None:
+        real = confine_path(video.path, allow_dirs, where)
+        return Media(real, _file_key(real, where) if keyed else "")
+    if video.data is not None:
+        data = _b64(video.data, f"{where}.data")
         if not data:
             raise InputError(f"{where}.data", "is empty")
-        return data
-    raw = _b64(video["frames"], f"{where}.frames")
-    try:
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise InputError(f"{where}.frames", f"is not a .npy array ({' '.join(str(e).split())})") from e
-    if not isinstance(arr, np.ndarray):
-        raise InputError(f"{where}.frames", "is not a single .npy array")
-    fps = video.get("fps")
-    if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not math.isfinite(fps) or fps <= 0:
-        raise InputError(f"{where}.fps", f"must be a positive number, got {fps!r}")
-    return Clip(arr, float(fps), name=f"{where}.frames")
-
-
-def encode_frames(frames: np.ndarray) -> str:
-    """Client side: a uint8 (T, H, W, 3) array as base64 .npy."""
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(frames), allow_pickle=False)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+        return Media(data, key("bytes", data))
+    if video.frames is not None:
+        raw: "bytes | memoryview" = _b64(video.frames, f"{where}.frames")
+        label = f"{where}.frames"
+    else:
+        if video.part not in parts:
+            raise InputError(f"{where}.part", f"names no part of this request ({video.part!r})")
+        raw = parts[video.part]  # type: ignore[index]
+        label = f"{where}.part {video.part}"
+        if video.fps is None:
+            if not len(raw):
+                raise InputError(label, "is empty")
+            return Media(bytes(raw), key("bytes", raw))
+    arr = load_npy(raw, label, limits)
+    fps = float(video.fps)  # type: ignore[arg-type]
+    limits.check_fps(fps, label)
+    return Media(Clip(arr, fps, name=label), key("frames", raw, f"|{fps!r}"))

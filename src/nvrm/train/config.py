@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import ConfigError
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VISION_LORA_TARGETS = ("qkv", "proj", "linear_fc1", "linear_fc2")
@@ -62,7 +62,7 @@ class TrainConfig:
         }
         for name, ok in checks.items():
             if not ok:
-                raise InputError(f"{name}={getattr(self, name)!r}", "is out of range")
+                raise ConfigError(f"{name}={getattr(self, name)!r} is out of range")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,0 +1,156 @@
+"""The reward service's wire format: pydantic models shared by the server and the client.
+
+Torch-free: ``nvrm.client`` imports this without loading the runtime.
+
+Requests (``POST /v1/score``, ``POST /v1/score_group``) are JSON, or
+``multipart/form-data`` whose ``request`` part is that JSON and whose other
+parts carry bulk bytes: a VIDEO ``{"part": "c0", "fps": 8}`` names a part that
+holds a raw ``.npy`` uint8 ``(T, H, W, 3)`` array (with ``fps``) or, without
+``fps``, encoded video bytes. Responses are always JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+BINARY_PART_CONTENT_TYPE = "application/octet-stream"
+REQUEST_PART = "request"
+"""Name of the multipart part that holds the JSON request."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Video(_Strict):
+    """A context or candidate: exactly one of ``path``, ``data``, ``frames`` or ``part``."""
+
+    path: str | None = Field(None, description="a file inside one of the server's --allow-dir folders")
+    data: str | None = Field(None, description="base64 of encoded video (or image) bytes")
+    frames: str | None = Field(None, description="base64 of a .npy uint8 (T, H, W, 3) array; needs fps")
+    part: str | None = Field(None, description="name of a multipart part: .npy frames with fps, else encoded video bytes")
+    fps: float | None = Field(None, description="frame rate of frames / a .npy part", gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Video":
+        kinds = [k for k in ("path", "data", "frames", "part") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("needs exactly one of 'path', 'data', 'frames' or 'part'")
+        if self.frames is not None and self.fps is None:
+            raise ValueError("'frames' needs its 'fps'")
+        return self
+
+
+class Item(_Strict):
+    prompt: str
+    context: Video
+    candidate: Video
+
+
+class ScoreRequest(_Strict):
+    """``POST /v1/score``: independent items, each with its own prompt and context."""
+
+    items: Annotated[list[Item], Field(min_length=1)]
+    exact: bool = Field(False, description="score every item alone (bit-identical to in-process score())")
+
+
+class GroupRequest(_Strict):
+    """``POST /v1/score_group``: candidates that share one prompt and context (prefix reuse)."""
+
+    prompt: str
+    context: Video
+    candidates: Annotated[list[Video], Field(min_length=1)]
+    exact: bool = False
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="bad_request, too_large, forbidden, unauthorized, overloaded, timeout, not_ready, "
+                      "shutting_down, internal; per item: invalid_input, contract_violation, limit_exceeded, internal")
+    message: str = Field(description="one line naming the input and the reason")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Score(BaseModel):
+    reward: float = Field(description="raw bf16 logit of the reward head; higher is preferred")
+    num_tokens: int
+    context_times: list[float]
+    candidate_times: list[float]
+
+
+class ItemError(BaseModel):
+    error: ErrorDetail
+
+
+ItemResult = Union[Score, ItemError]
+
+
+class ModelInfo(BaseModel):
+    revision: str | None = None
+    path: str | None = None
+
+
+class ScoreResponse(BaseModel):
+    """One result per item (or candidate), in request order."""
+
+    results: list[ItemResult]
+    model: ModelInfo
+    contract: str = Field(description="preprocessing fingerprint: comparable rewards share it")
+    replica: str | None = Field(None, description="which server process answered")
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": " ".join(str(message).split())}}
+
+
+_PHRASES = {
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "bool_type": "must be true or false",
+    "float_type": "must be a number",
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "missing": "is missing",
+    "extra_forbidden": "is not a known field",
+    "too_short": "must be a non-empty list",
+    "greater_than": "must be a positive number",
+    "finite_number": "must be a finite number",
+}
+
+
+def describe_validation_error(e: ValidationError, root: str = "request") -> tuple[str, str]:
+    """The first problem of a pydantic error: (where, what), e.g. ``("request.items[0].prompt", "must be a string")``."""
+    err = e.errors(include_url=False)[0]
+    where = root
+    for part in err.get("loc", ()):
+        where += f"[{part}]" if isinstance(part, int) else f".{part}"
+    message = _PHRASES.get(err["type"])
+    if message is None:
+        message = str(err.get("msg", "is invalid")).removeprefix("Value error, ")
+    more = len(e.errors()) - 1
+    return where, message + (f" (and {more} more problem{'s' if more > 1 else ''})" if more > 0 else "")
+
+
+Kind = Literal["score", "group"]
+
+
+def npy_bytes(frames) -> bytes:
+    """A uint8 (T, H, W, 3) array as raw .npy bytes (what a binary part carries)."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(frames), allow_pickle=False)
+    return buf.getvalue()
+
+
+def encode_frames(frames) -> str:
+    """A uint8 (T, H, W, 3) array as base64 .npy (the JSON form of ``frames``)."""
+    import base64
+
+    return base64.b64encode(npy_bytes(frames)).decode("ascii")

@@ -1,0 +1,74 @@
+"""Prepared contexts shared across requests: an LRU bounded in bytes, keyed by content.
+
+Trainers often send a group's candidates as separate requests; each carries
+the same context. The first request prepares it (in the engine's workers);
+later ones, and concurrent ones still waiting on that first preparation,
+get the same prepared context. Entries are dropped least-recently-used
+first once their bytes (frames and patches) pass the budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Callable
+
+
+def video_bytes(video) -> int:
+    """Memory a prepared video holds: its contract frames and its patches."""
+    n = sum(im.width * im.height * len(im.getbands()) for im in video.images)
+    if video.pixels is not None:
+        n += video.pixels.numel() * video.pixels.element_size()
+    return n
+
+
+class ContextCache:
+    """key -> Future[PreparedVideo], at most ``max_bytes`` of finished entries (0 disables it)."""
+
+    def __init__(self, max_bytes: int, on_lookup: Callable[[bool], None] | None = None):
+        self.max_bytes = max_bytes
+        self._entries: "OrderedDict[str, tuple[Future, int]]" = OrderedDict()
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self._on_lookup = on_lookup or (lambda hit: None)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def get_or_prepare(self, key: str, prepare: Callable[[], Future]) -> Future:
+        """The cached (or in-flight) preparation of ``key``, else ``prepare()``'s, remembered."""
+        if not self.enabled:
+            self._on_lookup(False)
+            return prepare()
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                self._on_lookup(True)
+                return hit[0]
+            future = prepare()
+            self._entries[key] = (future, 0)
+        self._on_lookup(False)
+        future.add_done_callback(lambda f: self._settle(key, f))
+        return future
+
+    def _settle(self, key: str, future: Future) -> None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[0] is not future:
+                return
+            if future.cancelled() or future.exception() is not None:
+                del self._entries[key]  # a failure is not remembered: the next request tries again
+                return
+            size = video_bytes(future.result())
+            self._entries[key] = (future, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._entries) > 1:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped

@@ -1,0 +1,89 @@
+"""``nvrm serve --ray``: the same app as Ray Serve replicas.
+
+Each replica is a Ray actor holding one ``RewardModel`` and serving the very
+app ``create_app`` builds (same endpoints, auth, limits, batching and
+shared-context cache, per replica). Ray Serve's proxy routes each HTTP request
+to a replica; a group is one request, so it is scored on one replica.
+
+    nvrm serve --model DIR --ray --replicas 4 --gpus-per-replica 1 [--ray-address auto]
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from ..errors import InputError
+
+
+def _require_serve():
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:  # pragma: no cover - installed with the ray extra
+        raise InputError("--ray", "Ray Serve is not installed; pip install 'nvrm[ray]'") from e
+    return ray, serve
+
+
+def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_replica: float, cpus_per_replica: float):
+    """A bound Ray Serve application: ``replicas`` copies of the service, each loading the bundle once."""
+    _, serve = _require_serve()
+    from ..scoring import RewardModel
+    from .app import create_app
+
+    @serve.deployment(
+        name="nvrm",
+        num_replicas=replicas,
+        ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
+        max_ongoing_requests=max(8, config.max_queue_items),
+    )
+    @serve.ingress()
+    class NvrmReplica:
+        """One replica: loads the bundle once, then builds the service app around it (in the replica)."""
+
+        def __init__(self) -> None:
+            self.model = RewardModel.from_pretrained(bundle, settings=settings)  # before Serve routes traffic here
+
+        def __serve_build_asgi_app__(self):
+            return create_app(self.model, config)
+
+    return NvrmReplica.bind()
+
+
+def serve_on_ray(
+    bundle: str,
+    settings,
+    config,
+    *,
+    replicas: int = 1,
+    gpus_per_replica: float = 0.0,
+    cpus_per_replica: float = 1.0,
+    address: str | None = None,
+) -> int:
+    """Start (or join) Ray, deploy the replicas on ``config.host:config.port``, serve until SIGTERM/SIGINT."""
+    ray, serve = _require_serve()
+    if replicas < 1:
+        raise InputError(f"--replicas {replicas}", "must be at least 1")
+    from ..bundle import resolve_bundle
+
+    path = str(resolve_bundle(bundle, settings.revision))
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run(
+        build_deployment(path, settings, config, replicas=replicas, gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica),
+        name="nvrm",
+        route_prefix="/",
+    )
+    print(f"nvrm serve (ray, {replicas} replica(s)): listening on http://{config.host}:{config.port}", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    serve.shutdown()
+    ray.shutdown()
+    print("nvrm serve: stopped", file=sys.stderr, flush=True)
+    return 0
+

@@ -1,0 +1,197 @@
+"""The service's endpoints. Handlers only read the body, hand parsing to a thread, admit work
+and await it: nothing heavier than that runs on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from ..errors import InputError, RequestError
+from ..protocol import ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
+from ..results import item_dict
+from .media import HASH_SECONDS, to_media
+from .metrics import CONTENT_TYPE_LATEST
+from .middleware import json_error
+from .transport import parse_body, read_body
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 413, 415, 503, 504)}
+
+
+def _request_body_doc(model: type) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": ref},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["request"],
+                        "properties": {"request": ref},
+                        "additionalProperties": {"type": "string", "format": "binary"},
+                    },
+                    "encoding": {"request": {"contentType": "application/json"}},
+                },
+            },
+        }
+    }
+
+
+class Work:
+    """A parsed request: what to submit and how many items it admits."""
+
+    def __init__(self, kind: str, exact: bool, items: list[tuple[str, Any, Any]] | None = None, group: tuple[str, Any, list[Any]] | None = None):
+        self.kind, self.exact, self.items, self.group = kind, exact, items, group
+        self.cpu_seconds = 0.0
+        """CPU time parsing and decoding took (the parse thread's own time, not waiting)."""
+        self.hash_seconds = 0.0
+        """CPU time hashing the contexts for the shared-context cache."""
+
+    @property
+    def size(self) -> int:
+        return len(self.items) if self.items is not None else len(self.group[2])  # type: ignore[index]
+
+
+def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
+    """Body -> validated request -> media (decoded, confined, keyed). Runs in a worker thread."""
+    cpu0 = time.thread_time()
+    HASH_SECONDS.value = 0.0
+    limits = state.model.limits
+    max_items = min(limits.max_request_items, state.config.max_queue_items)
+    body = parse_body(raw, content_type, max_items)
+    model = ScoreRequest if kind == "score" else GroupRequest
+    try:
+        req = model.model_validate(body.payload)
+    except ValidationError as e:
+        raise RequestError(*describe_validation_error(e)) from e
+    n = len(req.items) if kind == "score" else len(req.candidates)  # type: ignore[union-attr]
+    if n > max_items:
+        which = "max_request_items" if limits.max_request_items <= state.config.max_queue_items else "max_queue_items"
+        raise RequestError("request", f"has {n} items; the limit is {max_items} per request ({which})", 413, "too_large")
+
+    def media(video, where: str, keyed: bool = False):
+        # only contexts are shared across requests, so only they are hashed
+        return to_media(video, state.config.allow_dirs, where, body.parts, limits, keyed=keyed and state.cache.enabled)
+
+    if kind == "score":
+        items = [
+            (it.prompt, media(it.context, f"items[{i}].context", keyed=True), media(it.candidate, f"items[{i}].candidate"))
+            for i, it in enumerate(req.items)  # type: ignore[union-attr]
+        ]
+        work = Work(kind, req.exact, items=items)
+    else:
+        group = (req.prompt, media(req.context, "context", keyed=True), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
+        work = Work(kind, req.exact, group=group)
+    work.hash_seconds = HASH_SECONDS.value
+    work.cpu_seconds = time.thread_time() - cpu0 - work.hash_seconds
+    return work
+
+
+def install(app: FastAPI, state) -> None:
+    config, metrics = state.config, state.metrics
+
+    def not_ready() -> JSONResponse | None:
+        if state.model is None:
+            return json_error(503, "not_ready", state.load_error or "model is loading", {"Retry-After": "2"})
+        return None
+
+    @app.get("/readyz", summary="Readiness: 200 once the model is loaded, 503 while loading or shutting down", responses={503: {"model": ErrorResponse}})
+    async def readyz():
+        if state.scheduler is not None and state.scheduler.draining:
+            return json_error(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"})
+        return not_ready() or {"status": "ready"}
+
+    @app.get("/healthz", summary="Liveness: answers as soon as the process runs")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/v1/info", summary="Model, contract and limits")
+    async def info():
+        if (busy := not_ready()) is not None:
+            return busy
+        m = state.model
+        return {
+            "model": m.info(),
+            "contract": {"fingerprint": m.fingerprint, "contract_fields_fingerprint": m.contract.fingerprint, "fields": m.contract.to_dict()},
+            "limits": {**config.public(), **dataclasses.asdict(m.limits)},
+            "replica": state.replica,
+        }
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def run(request: Request, kind: str) -> JSONResponse:
+        if (busy := not_ready()) is not None:
+            return busy
+        t = time.perf_counter()
+        try:
+            raw = await read_body(request, config.max_body_bytes)
+            work = await asyncio.to_thread(parse_work, state, raw, request.headers.get("content-type", ""), kind)
+        except RequestError as e:
+            metrics.rejected.labels(reason=e.code).inc()
+            return json_error(e.status, e.code, str(e))
+        except InputError as e:
+            metrics.rejected.labels(reason="bad_request").inc()
+            return json_error(400, "bad_request", str(e))
+        metrics.parse.observe(work.cpu_seconds)
+        metrics.context_hash.observe(work.hash_seconds)
+        metrics.receive.observe(time.perf_counter() - t - work.cpu_seconds - work.hash_seconds)
+        scheduler = state.scheduler
+        if not scheduler.try_admit(work.size):
+            metrics.rejected.labels(reason="queue_full").inc()
+            return json_error(503, "overloaded", f"queue is full ({scheduler.depth} items in flight); retry shortly", {"Retry-After": "1"})
+        deadline = time.monotonic() + config.request_timeout_s
+        if work.kind == "score":
+            futures = [scheduler.submit(p, c, d, deadline=deadline, exact=work.exact) for p, c, d in work.items]  # type: ignore[union-attr]
+        else:
+            futures = [scheduler.submit_group(*work.group, deadline=deadline, exact=work.exact)]  # type: ignore[misc]
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), config.request_timeout_s)
+        except asyncio.TimeoutError:
+            for f in futures:
+                f.cancel()
+            metrics.rejected.labels(reason="timeout").inc()
+            return json_error(504, "timeout", f"scoring took longer than {config.request_timeout_s:g} s")
+        results = list(done) if work.kind == "score" else list(done[0])
+        for r in results:  # the whole request was refused while it waited (shutdown)
+            if isinstance(r, RequestError) and r.code == "shutting_down":
+                return json_error(503, r.code, str(r), {"Retry-After": "1"})
+        m = state.model
+        body = {
+            "results": [item_dict(r) for r in results],
+            "model": {"revision": m.revision, "path": str(m.path) if m.path else None},
+            "contract": m.fingerprint,
+            "replica": state.replica,
+        }
+        # a well-formed request: per-item errors ride in a 200, unless every item failed on its input
+        input_codes = ("invalid_input", "contract_violation", "limit_exceeded")
+        status = 422 if body["results"] and all(r.get("error", {}).get("code") in input_codes for r in body["results"]) else 200
+        return JSONResponse(body, status_code=status)
+
+    @app.post(
+        "/v1/score",
+        summary="Score independent items",
+        response_model=ScoreResponse,
+        responses={**_ERRORS, 422: {"model": ScoreResponse, "description": "every item failed on its input (same body)"}},
+        openapi_extra=_request_body_doc(ScoreRequest),
+    )
+    async def score(request: Request):
+        return await run(request, "score")
+
+    @app.post(
+        "/v1/score_group",
+        summary="Score candidates that share one prompt and context",
+        response_model=ScoreResponse,
+        responses={**_ERRORS, 422: {"model": ScoreResponse, "description": "every candidate failed on its input (same body)"}},
+        openapi_extra=_request_body_doc(GroupRequest),
+    )
+    async def score_group(request: Request):
+        return await run(request, "group")

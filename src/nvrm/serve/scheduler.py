@@ -1,0 +1,382 @@
+"""Dynamic batching across requests, with shared contexts and deadlines.
+
+Request handlers only admit work and await futures. Preparation runs in the
+model's engine (the contract and encoding, in its workers); a context seen
+before is taken from the ``ContextCache``. Prepared items land on a queue that
+one scorer thread drains: it takes the first ready item, waits up to
+``max_wait_ms`` for more (from any request), then
+
+- items that share a prompt and a context (by content) run as one group with
+  prefix reuse, even when they came in separate requests;
+- the others run as padded, token-budgeted batches;
+- a group request runs as its own group;
+- an item whose request has already timed out is dropped before its forward.
+
+Every admitted item gets exactly one result (a ScoreResult or an error), so
+nothing is lost or duplicated; admission is bounded (HTTP 503 beyond it). On
+shutdown the queue drains until a deadline, after which what is left is
+answered "shutting down" rather than left hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..batching import plan_batches
+from ..engine import PreparedGroup
+from ..engine.encode import GroupEncoded
+from ..engine.workers import unexpected
+from ..errors import NvrmError, RequestError
+from .contexts import ContextCache
+from .media import Media
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class ShuttingDown(RequestError):
+    def __init__(self, where: str = "request", reason: str = "the server is shutting down; retry on another replica", status: int = 503, code: str = "shutting_down"):
+        super().__init__(where, reason, status, code)
+
+
+class Expired(RequestError):
+    def __init__(self, where: str = "item", reason: str = "its request timed out before it was scored", status: int = 504, code: str = "timeout"):
+        super().__init__(where, reason, status, code)
+
+
+@dataclass
+class _Single:
+    item: Any  # PreparedItem
+    key: tuple[str, str] | None  # (prompt, context key): items sharing it can share a prefix
+    future: Future
+    deadline: float
+    exact: bool
+
+
+@dataclass
+class _Group:
+    prepared: PreparedGroup
+    future: Future
+    size: int
+    deadline: float
+    exact: bool
+
+
+_STOP = object()
+
+
+def _resolve(fut: Future, value: Any) -> None:
+    if not fut.done():
+        try:
+            fut.set_result(value)
+        except Exception:  # noqa: BLE001 - cancelled meanwhile
+            pass
+
+
+def _when_all(futures: Sequence[Future], then: Callable[[list[Any]], None], fail: Callable[[BaseException], None]) -> None:
+    """Call ``then(results)`` once every future is done, or ``fail(error)`` on the first failure."""
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            results = [f.result() for f in futures]
+        except BaseException as e:  # noqa: BLE001 - delivered to the item
+            fail(e)
+            return
+        then(results)
+
+    for f in futures:
+        f.add_done_callback(done)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model,
+        *,
+        max_batch_items: int,
+        max_wait_ms: float,
+        max_queue_items: int,
+        metrics: Metrics,
+        cache: ContextCache,
+    ):
+        self.model = model
+        self.engine = model.engine
+        self.max_batch_items = max_batch_items
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_queue_items = max_queue_items
+        self.metrics = metrics
+        self.cache = cache
+        self._ready: "queue.Queue[Any]" = queue.Queue()
+        self._held: deque = deque()
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._open: dict[Future, int] = {}  # open future -> its number of slots (0: a single item)
+        self.draining = False
+        self._thread = threading.Thread(target=self._loop, name="nvrm-scorer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ admission
+
+    @property
+    def depth(self) -> int:
+        return self._admitted
+
+    def try_admit(self, n: int) -> bool:
+        """Admit ``n`` items, unless that would pass ``max_queue_items``.
+
+        During a drain requests are still admitted: the server has stopped taking
+        connections, so what reaches a handler was already in flight; the drain
+        deadline bounds them all.
+        """
+        with self._lock:
+            if self._admitted + n > self.max_queue_items:
+                return False
+            self._admitted += n
+            return True
+
+    def _track(self, fut: Future, n: int, group: bool) -> None:
+        with self._lock:
+            self._open[fut] = n if group else 0
+
+        def done(_: Future) -> None:
+            with self._lock:
+                self._admitted -= n
+                self._open.pop(fut, None)
+
+        fut.add_done_callback(done)
+
+    def _context(self, media: Media) -> Future:
+        return self.cache.get_or_prepare(media.key, lambda: self.engine.submit_video(media.value, "context"))
+
+    # ------------------------------------------------------------ submission (after try_admit)
+
+    def submit(self, prompt: str, context: Media, candidate: Media, *, deadline: float, exact: bool = False) -> Future:
+        """One item; the future resolves to a ScoreResult or an NvrmError."""
+        fut: Future = Future()
+        self._track(fut, 1, group=False)
+        key = (prompt, context.key) if self.cache.enabled and not exact else None
+        parts = [self._context(context), self.engine.submit_video(candidate.value, "candidate")]
+
+        def encode(videos: list[Any]) -> None:
+            if fut.done():
+                return
+            try:
+                job = self.engine.submit_item(prompt, videos[0], videos[1])  # text and positions only: videos are ready
+            except RuntimeError:  # the engine closed: the server is going down
+                _resolve(fut, ShuttingDown())
+                return
+            job.add_done_callback(lambda j: queued(j))
+
+        def queued(job: Future) -> None:
+            if fut.done():  # answered meanwhile (timed out, shut down)
+                return
+            try:
+                item = job.result()
+            except BaseException as e:  # noqa: BLE001
+                _resolve(fut, unexpected(e))
+                return
+            self._ready.put(_Single(item, key, fut, deadline, exact))
+
+        _when_all(parts, encode, lambda e: None if fut.done() else _resolve(fut, unexpected(e)))
+        return fut
+
+    def submit_group(self, prompt: str, context: Media, candidates: Sequence[Media], *, deadline: float, exact: bool = False) -> Future:
+        """A group; the future resolves to one ScoreResult or NvrmError per candidate
+        (every slot carries the context's error when the context is unusable)."""
+        fut: Future = Future()
+        n = len(candidates)
+        self._track(fut, n, group=True)
+
+        def prepared(job: Future) -> None:
+            if fut.done():
+                return
+            try:
+                group = job.result()
+            except BaseException as e:  # noqa: BLE001
+                _resolve(fut, [unexpected(e)] * n)
+                return
+            self._ready.put(_Group(group, fut, n, deadline, exact))
+
+        self.engine.submit_group(prompt, self._context(context), [c.value for c in candidates]).add_done_callback(prepared)
+        return fut
+
+    # ------------------------------------------------------------ shutdown
+
+    def begin_drain(self, seconds: float) -> None:
+        """Refuse new work; answer what is still open "shutting down" after ``seconds``."""
+        with self._lock:
+            if self.draining:
+                return
+            self.draining = True
+        timer = threading.Timer(max(0.0, seconds), self._give_up)
+        timer.daemon = True
+        timer.start()
+
+    def _give_up(self) -> None:
+        with self._lock:
+            left = list(self._open.items())
+        if left:
+            log.warning("drain timeout: answering %d open request(s) 'shutting down'", len(left))
+        for fut, slots in left:
+            _resolve(fut, [ShuttingDown()] * slots if slots else ShuttingDown())
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Finish what is queued, then stop the scorer thread; False if it is still busy after ``timeout``."""
+        self._ready.put(_STOP)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # ------------------------------------------------------------ scorer thread
+
+    def _next(self, timeout: float | None):
+        if self._held:
+            return self._held.popleft()
+        return self._ready.get(timeout=timeout) if timeout is None or timeout > 0 else self._ready.get_nowait()
+
+    def _live(self, work) -> bool:
+        """Whether ``work`` still needs scoring (its request neither answered nor past its deadline)."""
+        if work.future.done():
+            return False
+        if time.monotonic() > work.deadline:
+            self.metrics.expired.inc(getattr(work, "size", 1))
+            _resolve(work.future, Expired() if isinstance(work, _Single) else [Expired()] * work.size)
+            return False
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            work = self._next(None)
+            if work is _STOP:
+                return
+            if not self._live(work):
+                continue
+            if isinstance(work, _Group):
+                self._run_group(work)
+                continue
+            batch = [work]
+            deadline = time.monotonic() + self.max_wait
+            stop_after = False
+            while len(batch) < self.max_batch_items:
+                if self._ready.empty() and not self._held and self.depth <= len(batch):
+                    break  # nothing else admitted: waiting could only add latency
+                try:
+                    nxt = self._next(deadline - time.monotonic())
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop_after = True
+                    break
+                if isinstance(nxt, _Group):
+                    self._held.append(nxt)
+                    break
+                if self._live(nxt):
+                    batch.append(nxt)
+            self._run_singles(batch)
+            if stop_after:
+                while self._held:  # drain what was held back, then stop
+                    held = self._held.popleft()
+                    if self._live(held):
+                        self._run_group(held) if isinstance(held, _Group) else self._run_singles([held])
+                return
+
+    def _run_singles(self, batch: list[_Single]) -> None:
+        by_key: dict[Any, list[_Single]] = defaultdict(list)
+        loose: list[_Single] = []
+        for s in batch:
+            (by_key[s.key] if s.key is not None else loose).append(s)
+        for key, members in by_key.items():
+            if len(members) > 1 and self._run_shared(members):
+                continue
+            loose += members
+        exact = [s for s in loose if s.exact]
+        padded = [s for s in loose if not s.exact]
+        for s in exact:
+            self._forward([s], exact=True)
+        lengths = [s.item.encoded.num_tokens for s in padded]
+        for rows in plan_batches(lengths, self.model.max_batch_tokens):
+            self._forward([padded[i] for i in rows], exact=False)
+
+    def _forward(self, batch: list[_Single], exact: bool) -> None:
+        t = time.perf_counter()
+        results: list[Any] = []
+        ok: list[_Single] = []
+        for s in batch:  # the sequence limit bounds every forward pass
+            try:
+                self.model.limits.check_sequence_tokens(s.item.encoded.num_tokens)
+                ok.append(s)
+            except NvrmError as e:
+                _resolve(s.future, e)
+                self.metrics.items.labels(outcome="error").inc()
+        if not ok:
+            return
+        try:
+            results = self.model.score_prepared([s.item for s in ok], exact=exact)
+        except Exception:  # noqa: BLE001 - retry one by one so one item cannot sink the rest
+            log.warning("a batch of %d failed; retrying item by item", len(ok), exc_info=True)
+            results = []
+            for s in ok:
+                try:
+                    results.append(self.model.score_prepared([s.item], exact=True)[0])
+                except Exception as e:  # noqa: BLE001
+                    results.append(unexpected(e))
+        self.metrics.forward.labels(kind="batch").observe(time.perf_counter() - t)
+        self.metrics.batch_size.observe(len(ok))
+        self.metrics.batch_tokens.observe(len(ok) * max(s.item.encoded.num_tokens for s in ok))
+        for s, r in zip(ok, results):
+            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
+            _resolve(s.future, r)
+
+    def _run_shared(self, members: list[_Single]) -> bool:
+        """Items of different requests with one prompt and context, as one group with prefix reuse."""
+        first = members[0].item
+        enc = GroupEncoded.from_items(
+            self.engine.rope,
+            len(first.context.images),
+            (first.context.pixels, first.context.grid),
+            [m.item.encoded for m in members],
+            [(m.item.candidate.pixels, m.item.candidate.grid) for m in members],
+        )
+        if enc is None:
+            return False
+        prompt = members[0].key[0]  # type: ignore[index]
+        group = PreparedGroup(prompt, first.context, tuple(m.item.candidate for m in members), enc)
+        t = time.perf_counter()
+        try:
+            results = self.model.score_prepared_group(group)
+        except Exception as e:  # noqa: BLE001
+            log.warning("a shared-context group failed unexpectedly", exc_info=True)
+            results = [unexpected(e)] * len(members)
+        self.metrics.forward.labels(kind="shared").observe(time.perf_counter() - t)
+        self.metrics.batch_size.observe(len(members))
+        self.metrics.shared.inc(len(members))
+        for m, r in zip(members, results):
+            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
+            _resolve(m.future, r)
+        return True
+
+    def _run_group(self, g: _Group) -> None:
+        t = time.perf_counter()
+        try:
+            out = self.model.score_prepared_group(g.prepared, exact=g.exact)
+        except Exception as e:  # noqa: BLE001
+            log.warning("a group failed unexpectedly", exc_info=True)
+            out = [unexpected(e)] * g.size
+        self.metrics.forward.labels(kind="group").observe(time.perf_counter() - t)
+        self.metrics.batch_size.observe(max(1, len(g.prepared.good)))
+        for r in out:
+            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
+        _resolve(g.future, out)
+

@@ -1,0 +1,138 @@
+"""Request bodies: read with the size limit enforced while streaming, parsed off the event loop.
+
+Two forms (see ``nvrm.protocol``):
+
+- ``application/json``: the request as JSON (bulk frames as base64 ``.npy``);
+- ``multipart/form-data``: a ``request`` part with that JSON, plus binary
+  parts that VIDEO objects name with ``{"part": ...}`` (raw ``.npy`` or
+  encoded video), so frames travel as bytes, not base64 text.
+
+Hostile JSON is answered with a 4xx before it costs memory or a traceback:
+too many objects (counted on the raw bytes), nesting deeper than Python's
+parser allows, integers longer than it converts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import RequestError
+from ..protocol import REQUEST_PART
+
+# A request is a handful of objects per item (the item, its context and its candidate):
+# more braces than this many per allowed item is not a scoring request.
+OBJECTS_PER_ITEM = 8
+
+
+@dataclass
+class Body:
+    """A parsed request: the JSON payload and the binary parts it may name."""
+
+    payload: Any
+    parts: dict[str, memoryview] = field(default_factory=dict)
+    size: int = 0
+
+
+async def read_body(request, max_bytes: int) -> bytes:
+    """The whole body, refused (413) as soon as it passes ``max_bytes``."""
+    length = request.headers.get("content-length")
+    too_large = RequestError("request body", f"is larger than the limit of {max_bytes} bytes", 413, "too_large")
+    if length is not None and (not length.isdigit() or int(length) > max_bytes):
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes, max_items: int, where: str = "request body") -> Any:
+    """JSON with the guards above; a 400 (or 413) ``RequestError`` for anything unusable."""
+    import json
+
+    if raw.count(b"{") > OBJECTS_PER_ITEM * max_items + 16:
+        raise RequestError(where, f"holds more JSON objects than {max_items} items can need", 413, "too_large")
+    try:
+        return json.loads(raw)
+    except RecursionError as e:
+        raise RequestError(where, "is nested too deeply") from e
+    except UnicodeDecodeError as e:
+        raise RequestError(where, f"is not valid JSON (not UTF-8: {e.reason})") from e
+    except json.JSONDecodeError as e:
+        raise RequestError(where, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+    except ValueError as e:  # e.g. an integer longer than Python converts
+        raise RequestError(where, f"is not usable JSON ({' '.join(str(e).split())[:120]})") from e
+
+
+def parse_multipart(raw: bytes, content_type: str, max_items: int) -> Body:
+    """A ``multipart/form-data`` body: the ``request`` part as JSON, the other parts as raw bytes (views)."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary")
+    if not boundary:
+        raise RequestError("request body", "multipart/form-data needs a boundary")
+    view = memoryview(raw)
+    parts: dict[str, memoryview] = {}
+    state: dict[str, Any] = {"headers": {}, "field": b"", "value": b"", "spans": []}
+
+    def on_part_begin() -> None:
+        state.update(headers={}, spans=[])
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        state["field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        state["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        state["headers"][state["field"].lower()] = state["value"]
+        state.update(field=b"", value=b"")
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        # spans of the body itself stay views (no copy); the parser's own lookbehind buffer is copied
+        state["spans"].append(view[start:end] if data is raw else bytes(data[start:end]))
+
+    def on_part_end() -> None:
+        _, disp = parse_options_header(state["headers"].get(b"content-disposition", b""))
+        name = disp.get(b"name", b"").decode("utf-8", "replace")
+        if not name:
+            raise RequestError("request body", "a multipart part has no name")
+        if name in parts:
+            raise RequestError("request body", f"multipart part {name!r} appears twice")
+        spans = state["spans"]
+        parts[name] = memoryview(spans[0]) if len(spans) == 1 else memoryview(b"".join(spans))
+
+    callbacks = {
+        "on_part_begin": on_part_begin,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_part_data": on_part_data,
+        "on_part_end": on_part_end,
+    }
+    parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+    try:
+        parser.write(raw)
+        parser.finalize()
+    except RequestError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the parser's own errors: a malformed body
+        raise RequestError("request body", f"is not valid multipart/form-data ({' '.join(str(e).split())[:120]})") from e
+    request = parts.pop(REQUEST_PART, None)
+    if request is None:
+        raise RequestError("request body", f"multipart/form-data needs a {REQUEST_PART!r} part with the JSON request")
+    return Body(parse_json(bytes(request), max_items, f"{REQUEST_PART} part"), parts, len(raw))
+
+
+def parse_body(raw: bytes, content_type: str, max_items: int) -> Body:
+    """Either form, by content type (JSON when none is given)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "multipart/form-data":
+        return parse_multipart(raw, content_type, max_items)
+    if kind not in ("", "application/json", "text/plain"):
+        raise RequestError("request body", f"content type {kind!r} is not accepted; send application/json or multipart/form-data", 415, "unsupported_media_type")
+    return Body(parse_json(raw, max_items), {}, len(raw))

@@ -1,0 +1,80 @@
+"""The service's scheduler in process: shared contexts, deadlines, drain (no HTTP)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import GROUP_ULPS, bf16_ulp
+from nvrm import Clip
+from nvrm.serve.contexts import ContextCache
+from nvrm.serve.media import Media
+from nvrm.serve.metrics import Metrics
+from nvrm.serve.scheduler import Expired, Scheduler, ShuttingDown
+from nvrm.synth.clips import moving_square
+
+CTX = Clip(moving_square(8, 64, 80, seed=1), fps=4)
+CANDS = [Clip(moving_square(20, 64, 80, seed=10 + i, speed=1 + i), fps=4) for i in range(4)]
+
+
+@pytest.fixture()
+def make(model):
+    made = []
+
+    def build(cache_mb: float = 64, wait_ms: float = 300):
+        holder = {}
+        metrics = Metrics(lambda: holder["s"].depth, lambda: cache.bytes)
+        cache = ContextCache(int(cache_mb * 2**20), lambda hit: metrics.context_cache.labels(result="hit" if hit else "miss").inc())
+        s = holder["s"] = Scheduler(model, max_batch_items=64, max_wait_ms=wait_ms, max_queue_items=64, metrics=metrics, cache=cache)
+        made.append(s)
+        return s, metrics
+
+    yield build
+    for s in made:
+        s.stop(5)
+
+
+def value(metric) -> float:
+    return sum(s.value for m in metric.collect() for s in m.samples if s.name.endswith("_total") or s.name == m.name)
+
+
+def test_items_of_separate_requests_with_one_context_share_a_group(make, model):
+    s, metrics = make()
+    ctx = Media(CTX, "frames:ctx")
+    assert s.try_admit(4)
+    futures = [s.submit("p", ctx, Media(c, f"c{i}"), deadline=time.monotonic() + 60) for i, c in enumerate(CANDS)]
+    got = [f.result(60).reward for f in futures]
+    want = [model.score("p", CTX, c).reward for c in CANDS]
+    assert all(abs(g - w) <= GROUP_ULPS * bf16_ulp(w) for g, w in zip(got, want))
+    assert value(metrics.shared) >= 2 and value(metrics.context_cache) == 4  # 1 miss + 3 hits
+
+
+def test_without_the_cache_nothing_is_shared(make, model):
+    s, metrics = make(cache_mb=0)
+    ctx = Media(CTX, "frames:ctx")
+    assert s.try_admit(2)
+    futures = [s.submit("p", ctx, Media(c, f"c{i}"), deadline=time.monotonic() + 60) for i, c in enumerate(CANDS[:2])]
+    assert all(f.result(60).reward for f in futures)
+    assert value(metrics.shared) == 0
+
+
+def test_expired_items_are_dropped_before_their_forward(make, model, monkeypatch):
+    s, metrics = make()
+    calls = []
+    real = model.score_prepared
+    monkeypatch.setattr(model, "score_prepared", lambda items, **k: calls.append(len(items)) or real(items, **k))
+    assert s.try_admit(1)
+    fut = s.submit("p", Media(CTX, "frames:x"), Media(CANDS[0], "c"), deadline=time.monotonic() - 1)
+    assert isinstance(fut.result(60), Expired) and calls == [] and value(metrics.expired) == 1
+
+
+def test_the_drain_deadline_answers_what_is_still_open(make):
+    s, _ = make(wait_ms=0)
+    assert s.try_admit(3)
+    fut = s.submit_group("p", Media(CTX, "frames:y"), [Media(c, f"c{i}") for i, c in enumerate(CANDS[:3])], deadline=time.monotonic() + 60)
+    s.begin_drain(0)
+    out = fut.result(60)
+    assert len(out) == 3  # a group's answer keeps its shape, whatever came first
+    assert all(isinstance(r, ShuttingDown) for r in out) or all(not isinstance(r, Exception) for r in out)
+    assert s.try_admit(1)  # requests already in flight may still be admitted while draining
