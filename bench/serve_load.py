@@ -106,7 +106,7 @@ def drive(url: str, concurrency: int, items: list, transport: str) -> dict:
                 _, it = queue.pop()
             t = time.perf_counter()
             try:
-                c.score([it], errors="raise")
+                c.score_batch([it], errors="raise")
             except Exception as e:  # noqa: BLE001
                 errors.append(str(e))
             with lock:
@@ -139,7 +139,7 @@ def shared_context(url: str, n: int = 8) -> float:
     def one(i: int) -> None:
         c = RewardClient(url)
         barrier.wait()
-        c.score([(PROMPT, ctx, cands[i])], errors="raise")
+        c.score(PROMPT, ctx, cands[i])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     t = time.perf_counter()
@@ -156,6 +156,7 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--requests", type=int, default=64, help="one-item requests per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the report here")
+    p.add_argument("--shared-only", action="store_true", help="only the shared-context comparison")
     args = p.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     bundle = build_bench_bundle(args.arch)
@@ -186,7 +187,7 @@ def main() -> None:
         "rows": [],
     }
     with tempfile.TemporaryDirectory(prefix="nvrm-serve-load-") as tmp:
-        for label, extra in (("batching on", ()), ("batching off", ("--max-batch-items", "1"))):
+        for label, extra in (() if args.shared_only else (("batching on", ()), ("batching off", ("--max-batch-items", "1")))):
             s = Server(bundle, *extra, log_dir=Path(tmp))
             try:
                 drive(s.url, 2, items[:4], "binary")  # warm-up
@@ -213,9 +214,10 @@ def main() -> None:
                 s.stop()
         report["shared_context_8_requests_s"] = shared
         report["shared_context_speedup"] = shared["cache off"] / shared["cache on"]
-    binary16 = [r for r in report["rows"] if r["server"] == "batching on" and r["transport"] == "binary"]
-    report["parse_fraction_of_contract"] = max(r["parse_ms_per_request"] for r in binary16) / 1000 / contract_s
-    report["context_hash_fraction_of_contract"] = max(r["context_hash_ms_per_request"] for r in binary16) / 1000 / contract_s
+    binary = [r for r in report["rows"] if r["server"] == "batching on" and r["transport"] == "binary"]
+    if binary:
+        report["parse_fraction_of_contract"] = max(r["parse_ms_per_request"] for r in binary) / 1000 / contract_s
+        report["context_hash_fraction_of_contract"] = max(r["context_hash_ms_per_request"] for r in binary) / 1000 / contract_s
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

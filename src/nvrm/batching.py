@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def plan_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None) -> list[list[int]]:
-    """Group item indices into forwards of at most ``max_batch_tokens`` padded tokens."""
+def plan_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Group item indices into forwards of at most ``max_batch_tokens`` padded key positions
+    (rows x the longest row; see ``LoadSettings.max_batch_tokens``)."""
     if max_batch_tokens < 1:
         raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -20,8 +21,7 @@ def plan_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: 
     longest = 0
     for i in order:
         width = max(longest, lengths[i])
-        full = max_batch_size is not None and len(current) >= max_batch_size
-        if current and (full or width * (len(current) + 1) > max_batch_tokens):
+        if current and width * (len(current) + 1) > max_batch_tokens:
             batches.append(current)
             current, width = [], lengths[i]
         current.append(i)

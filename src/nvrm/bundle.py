@@ -235,18 +235,39 @@ def resolve_bundle(path_or_repo: str | os.PathLike, revision: str | None = None)
     raise BundleError(f"{text}: no such bundle directory (and not a Hub repo id like {DEFAULT_REPO})")
 
 
-def download_bundle(repo: str = DEFAULT_REPO, revision: str | None = None, local_dir: str | Path | None = None) -> Path:
-    """Download a bundle with huggingface_hub, pinned to ``revision``; fail fast offline."""
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
+def download_bundle(
+    repo: str = DEFAULT_REPO,
+    revision: str | None = None,
+    local_dir: str | Path | None = None,
+    *,
+    connect_timeout: float = 10.0,
+    read_timeout: float = 30.0,
+) -> Path:
+    """Download a bundle with huggingface_hub, pinned to ``revision``; fail fast offline.
+
+    Args:
+        repo: Hub repo id.
+        revision: commit sha to pin (recommended).
+        local_dir: download into this folder instead of the Hub cache.
+        connect_timeout: seconds for each metadata (etag) request.
+        read_timeout: seconds without progress before a file download fails.
+
+    Returns:
+        The local bundle folder.
+    """
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+        # huggingface_hub reads its download timeout from this constant at call time and takes no
+        # argument for it; the environment variable would be read too late (at its import)
+        if "HF_HUB_DOWNLOAD_TIMEOUT" not in os.environ:
+            constants.HF_HUB_DOWNLOAD_TIMEOUT = read_timeout
         where = snapshot_download(
             repo_id=repo,
             revision=revision,
             local_dir=str(local_dir) if local_dir else None,
+            etag_timeout=connect_timeout,
             allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.md"],
         )
     except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError) as e:

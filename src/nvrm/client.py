@@ -2,7 +2,8 @@
 
     from nvrm.client import RewardClient
     client = RewardClient("http://127.0.0.1:8000")
-    client.score([("a prompt", "ctx.mp4", "cand.mp4")])[0].reward
+    client.score("a prompt", "ctx.mp4", "cand.mp4").reward
+    client.score_batch([("a prompt", "ctx.mp4", "cand.mp4")], errors="return")
     await client.ascore_group("a prompt", "ctx.mp4", ["a.mp4", "b.mp4"])
 
 Torch-free: ``import nvrm.client`` loads httpx, NumPy, pydantic and tenacity,
@@ -219,19 +220,32 @@ class RewardClient:
 
     # ------------------------------------------------------------ API
 
-    def score(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> list[ScoreResult | RemoteItemError]:
-        """``items``: (prompt, context, candidate) triples or dicts; one result per item, in order."""
+    def score(self, prompt: str, context: Any, candidate: Any, *, exact: bool = False) -> ScoreResult:
+        """Reward for one (prompt, context, candidate), like ``RewardModel.score``; raises on an error."""
+        return self.score_batch([(prompt, context, candidate)], errors="raise", exact=exact)[0]  # type: ignore[return-value]
+
+    def score_batch(self, items: Sequence[Any], *, errors: Errors = "raise", exact: bool = False) -> list[ScoreResult | RemoteItemError]:
+        """Like ``RewardModel.score_batch``: (prompt, context, candidate) triples or dicts, one result per item, in order.
+
+        Args:
+            errors: ``"raise"`` raises the first item's ``RemoteItemError``; ``"return"`` puts it in its slot.
+            exact: score every item alone on the server (bit-identical to ``score``).
+        """
         return self._results(self._request("POST", "/v1/score", **self._items(items, exact)), errors)
 
-    def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "return", exact: bool = False):
-        """Candidates sharing one prompt and context; one result per candidate, in order."""
+    def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
+        """Like ``RewardModel.score_group``: candidates sharing one prompt and context, one result each, in order."""
         return self._results(self._request("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors)
 
-    async def ascore(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False):
+    async def ascore(self, prompt: str, context: Any, candidate: Any, *, exact: bool = False) -> ScoreResult:
         """``score``, asynchronously."""
+        return (await self.ascore_batch([(prompt, context, candidate)], errors="raise", exact=exact))[0]  # type: ignore[return-value]
+
+    async def ascore_batch(self, items: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
+        """``score_batch``, asynchronously."""
         return self._results(await self._arequest("POST", "/v1/score", **self._items(items, exact)), errors)
 
-    async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "return", exact: bool = False):
+    async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_group``, asynchronously."""
         return self._results(await self._arequest("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors)
 
@@ -258,11 +272,13 @@ class RewardClient:
             time.sleep(0.2)
 
     def close(self) -> None:
+        """Close the synchronous HTTP connection pool; the client can be used again afterwards (a new pool opens)."""
         if self._sync is not None:
             self._sync.close()
             self._sync = None
 
     async def aclose(self) -> None:
+        """Close the asynchronous HTTP connection pool (await it from the event loop that used it)."""
         if self._async is not None:
             await self._async.aclose()
             self._async = None

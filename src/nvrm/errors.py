@@ -99,6 +99,20 @@ class RequestError(InputError):
         return (type(self), (self.source, self.reason, self.status, self.code))
 
 
+class ShuttingDown(RequestError):
+    """The service is draining and takes no new work (HTTP 503, ``shutting_down``)."""
+
+    def __init__(self, where: str = "request", reason: str = "the server is shutting down; retry on another replica", status: int = 503, code: str = "shutting_down"):
+        super().__init__(where, reason, status, code)
+
+
+class Expired(RequestError):
+    """An item's request timed out before the item reached its forward pass (HTTP 504, ``timeout``)."""
+
+    def __init__(self, where: str = "item", reason: str = "its request timed out before it was scored", status: int = 504, code: str = "timeout"):
+        super().__init__(where, reason, status, code)
+
+
 class ServiceError(NvrmError):
     """The reward service refused or failed a whole request (after the client's retries)."""
 

@@ -7,6 +7,13 @@ One JSON object per line::
 with an optional ``"tie": true`` (the two candidates are equally good; which
 one is called ``chosen`` does not matter) and an optional ``"id"``. Relative
 paths resolve against the file's folder.
+
+A **mismatch pair** scores the rejected side under its own condition:
+``"rejected_prompt"`` and/or ``"rejected_context"`` (for instance the chosen
+video again, under an unrelated prompt or another clip's context). Bradley–Terry
+compares the two rewards either way; ordinary pairs only ever compare videos
+within one (prompt, context), so they cannot teach the model that a video
+which ignores its prompt or context deserves less.
 """
 
 from __future__ import annotations
@@ -27,6 +34,23 @@ class Pair:
     chosen: str
     rejected: str
     tie: bool = False
+    rejected_prompt: str | None = None
+    """The rejected side's own prompt (a mismatch pair); None: ``prompt``."""
+    rejected_context: str | None = None
+    """The rejected side's own context (a mismatch pair); None: ``context``."""
+
+    @property
+    def sides(self) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+        """(prompt, context, video) of the chosen and of the rejected side."""
+        return (
+            (self.prompt, self.context, self.chosen),
+            (self.prompt if self.rejected_prompt is None else self.rejected_prompt, self.rejected_context or self.context, self.rejected),
+        )
+
+    @property
+    def shares_condition(self) -> bool:
+        """Both sides have the same prompt and context (an ordinary pair)."""
+        return self.sides[0][:2] == self.sides[1][:2]
 
 
 @dataclass(frozen=True)
@@ -60,15 +84,22 @@ def parse_pair(text: str, line: int, base: Path) -> Pair | PairProblem:
     tie = obj.get("tie", False)
     if not isinstance(tie, bool):
         problems.append("'tie' must be true or false")
+    if "rejected_prompt" in obj and not isinstance(obj["rejected_prompt"], str):
+        problems.append("'rejected_prompt' must be a string")
     paths = {}
-    for key in ("context", "chosen", "rejected"):
+    for key in ("context", "chosen", "rejected", "rejected_context"):
+        if key == "rejected_context" and key not in obj:
+            continue
         try:
             paths[key] = resolve_path(base, obj.get(key), f"'{key}'")
         except ValueError as e:
             problems.append(str(e))
     if problems:
         return PairProblem(line, rid, f"pairs line {line}: {'; '.join(problems)}")
-    return Pair(line, rid, obj["prompt"], paths["context"], paths["chosen"], paths["rejected"], tie)
+    return Pair(
+        line, rid, obj["prompt"], paths["context"], paths["chosen"], paths["rejected"], tie,
+        obj.get("rejected_prompt"), paths.get("rejected_context"),
+    )
 
 
 def read_pairs(path: str | Path) -> list[Pair | PairProblem]:

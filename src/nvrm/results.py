@@ -36,10 +36,9 @@ class ScoreResult:
 
 def one_line(e: BaseException) -> str:
     """An error's message on one line; unexpected ones say so."""
-    from .errors import NvrmError
+    from .errors import InternalError, NvrmError
 
-    text = str(e) if isinstance(e, NvrmError) else f"internal error: {type(e).__name__}: {e}"
-    return " ".join(text.split())
+    return str(e) if isinstance(e, NvrmError) else str(InternalError.wrap(e))
 
 
 def error_code(e: BaseException) -> str:

@@ -77,7 +77,7 @@ def make_reward_fn(
                 except NvrmError as e:  # the whole request failed: every slot says why
                     yield [e] * len(cands)
 
-        batch_fn = lambda items: client.score(items, errors="return")  # noqa: E731
+        batch_fn = lambda items: client.score_batch(items, errors="return")  # noqa: E731
     else:
         model = model_or_url
         if not hasattr(model, "score_group"):

@@ -55,6 +55,7 @@ class ScoreItem:
 
 @dataclass(frozen=True)
 class RankEntry:
+    """One candidate's place in :meth:`RewardModel.rank` output."""
     index: int
     """Position of the candidate in the input list."""
     rank: int
@@ -63,6 +64,7 @@ class RankEntry:
 
     @property
     def reward(self) -> float:
+        """The candidate's reward (the raw BF16 logit as a float)."""
         return self.result.reward
 
 
@@ -105,6 +107,7 @@ def bt_probability(r_a: float, r_b: float) -> float:
 
 
 def default_device() -> torch.device:
+    """``cuda`` when a CUDA device is visible, else ``cpu``: the device ``from_pretrained`` uses when none is given."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -194,6 +197,7 @@ class RewardModel:
 
     @property
     def limits(self) -> Limits:
+        """The input limits this model enforces (from the load settings; see :class:`nvrm.limits.Limits`)."""
         return self.settings.limits
 
     # ------------------------------------------------------------ construction
@@ -292,23 +296,31 @@ class RewardModel:
             model_revision=self.revision,
         )
 
+    def rewards(self, encoded: Sequence[Encoded], head: RewardHead | None = None) -> torch.Tensor:
+        """Raw rewards [B] of encoded items as one padded batch (no gradient mode is set: the trainer's path too).
+
+        Args:
+            encoded: items from the engine (``PreparedItem.encoded``).
+            head: a reward head to use instead of the model's own (the trainer's float32 head).
+        """
+        batch = collate(encoded, self.pad_id).to(self.device)
+        return forward_rewards(
+            self.backbone,
+            head if head is not None else self.head,
+            batch,
+            vision=self.vision,
+            codec=self.engine.codec,
+            normalize_hidden=self.contract.normalize_hidden,
+        )
+
     @torch.inference_mode()
     def _forward(self, encoded: Sequence[Encoded]) -> list[float]:
         """Rewards for already-encoded items in one padded batch, split in half on CUDA out-of-memory."""
-        batch = collate(encoded, self.pad_id).to(self.device)
         try:
-            rewards = forward_rewards(
-                self.backbone,
-                self.head,
-                batch,
-                vision=self.vision,
-                codec=self.engine.codec,
-                normalize_hidden=self.contract.normalize_hidden,
-            )
+            rewards = self.rewards(encoded)
         except torch.OutOfMemoryError:
             if len(encoded) == 1:
                 raise
-            del batch
             torch.cuda.empty_cache()
             half = len(encoded) // 2
             log.warning("out of memory on a batch of %d; retrying as %d + %d", len(encoded), half, len(encoded) - half)

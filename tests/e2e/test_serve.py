@@ -127,7 +127,7 @@ def test_concurrent_clients_get_every_answer_right_once(server, expected):
         for j in range(20):
             a, b = (k + j) % 4, (k + 2 * j + 1) % 4
             try:
-                res = c.score([("p", CTX, CANDS[a]), ("p", CTX, CANDS[b])], errors="raise")
+                res = c.score_batch([("p", CTX, CANDS[a]), ("p", CTX, CANDS[b])])
             except Exception as e:  # noqa: BLE001
                 failures.append(f"{k}/{j}: {e}")
                 continue
@@ -255,8 +255,8 @@ def test_async_client(server, expected):
 
     async def go():
         c = RewardClient(server.url)
-        res = await asyncio.gather(*(c.ascore([("p", CTX, CANDS[i])]) for i in range(4)))
-        group = await c.ascore_group("p", CTX, [CANDS[3], Clip(moving_square(2, 64, 32), fps=1)])
+        res = await asyncio.gather(*(c.ascore_batch([("p", CTX, CANDS[i])]) for i in range(4)))
+        group = await c.ascore_group("p", CTX, [CANDS[3], Clip(moving_square(2, 64, 32), fps=1)], errors="return")
         await c.aclose()
         return res, group
 
@@ -279,7 +279,7 @@ def test_auth_and_request_timeout(tiny_bundle):
         r = post(s, "/v1/score", body, headers=good)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         with pytest.raises(ServiceError, match="504"):
-            RewardClient(s.url, api_key="s3cret", retries=1, backoff=0.01).score([("p", CTX, CANDS[0])])
+            RewardClient(s.url, api_key="s3cret", retries=1, backoff=0.01).score("p", CTX, CANDS[0])
     finally:
         s.stop()
 
@@ -291,7 +291,7 @@ def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
     def hit(i):
         c = RewardClient(s.url, retries=0)
         try:
-            results.append(c.score_group("p", CTX, CANDS, errors="raise"))
+            results.append(c.score_group("p", CTX, CANDS))
         except Exception as e:  # noqa: BLE001
             results.append(e)
 
@@ -344,7 +344,7 @@ def test_separate_requests_that_share_a_context_are_scored_together(tiny_bundle,
         results = [None] * 8
 
         def hit(i):
-            results[i] = RewardClient(s.url).score([("shared", CTX, CANDS[i % 4])], errors="raise")[0].reward
+            results[i] = RewardClient(s.url).score("shared", CTX, CANDS[i % 4]).reward
 
         threads = [threading.Thread(target=hit, args=(i,)) for i in range(8)]
         for t in threads:
@@ -433,7 +433,7 @@ def test_a_megabyte_prompt_is_refused_and_others_keep_being_served(tiny_bundle, 
         assert r.status_code == 422 and "not valid Unicode" in r.json()["results"][0]["error"]["message"]
         slow = {"items": [{"prompt": "p", "context": {"frames": encode_frames(np.zeros((16, 8, 8, 3), np.uint8)), "fps": 1e-300}, "candidate": frames(CANDS[0])}]}
         assert "outside min_fps" in post(s, "/v1/score", slow).json()["error"]["message"]
-        good = RewardClient(s.url).score([("p", CTX, CANDS[1])], errors="raise")[0].reward
+        good = RewardClient(s.url).score("p", CTX, CANDS[1]).reward
         assert abs(good - expected[1]) <= GROUP_ULPS * bf16_ulp(expected[1])
     finally:
         s.stop()

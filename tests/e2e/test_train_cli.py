@@ -7,9 +7,12 @@ from nvrm.cli.main import main
 
 def test_synth_train_export_verify(tiny_bundle, tmp_path, capsys):
     task = tmp_path / "task"
-    assert main(["prefs", "synth", "--out", str(task), "--train", "3", "--eval", "1", "--seed", "5"]) == 0
+    assert main(["prefs", "synth", "--out", str(task), "--train", "3", "--eval", "1", "--seed", "5", "--variants", "freeze,teleport,reverse,flicker"]) == 0
     assert len((task / "train_pairs.jsonl").read_text().splitlines()) == 12
-    capsys.readouterr()
+    assert "wrote 12 training and 4 held-out pairs" in capsys.readouterr().out
+    assert main(["prefs", "synth", "--out", str(tmp_path / "x"), "--train", "1", "--variants", "freeze,wobble"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "wobble" in err and "swap_context" in err  # names the bad kind and the known ones
     with (task / "train_pairs.jsonl").open("a") as f:  # one bad pair must not stop training
         f.write(json.dumps({"prompt": "p", "context": "clips/nope.mp4", "chosen": "a", "rejected": "b"}) + "\n")
     out = tmp_path / "run"

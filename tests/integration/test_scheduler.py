@@ -11,7 +11,8 @@ from nvrm import Clip
 from nvrm.serve.contexts import ContextCache
 from nvrm.serve.media import Media
 from nvrm.serve.metrics import Metrics
-from nvrm.serve.scheduler import Expired, Scheduler, ShuttingDown
+from nvrm.errors import Expired, ShuttingDown
+from nvrm.serve.scheduler import Scheduler
 from nvrm.synth.clips import moving_square
 
 CTX = Clip(moving_square(8, 64, 80, seed=1), fps=4)
@@ -22,11 +23,13 @@ CANDS = [Clip(moving_square(20, 64, 80, seed=10 + i, speed=1 + i), fps=4) for i 
 def make(model):
     made = []
 
-    def build(cache_mb: float = 64, wait_ms: float = 300):
+    def build(cache_mb: float = 64, wait_ms: float = 300, share_wait_ms: float = 50):
         holder = {}
         metrics = Metrics(lambda: holder["s"].depth, lambda: cache.bytes)
         cache = ContextCache(int(cache_mb * 2**20), lambda hit: metrics.context_cache.labels(result="hit" if hit else "miss").inc())
-        s = holder["s"] = Scheduler(model, max_batch_items=64, max_wait_ms=wait_ms, max_queue_items=64, metrics=metrics, cache=cache)
+        s = holder["s"] = Scheduler(
+            model, max_batch_items=64, max_wait_ms=wait_ms, max_queue_items=64, metrics=metrics, cache=cache, share_wait_ms=share_wait_ms
+        )
         made.append(s)
         return s, metrics
 
@@ -48,6 +51,16 @@ def test_items_of_separate_requests_with_one_context_share_a_group(make, model):
     want = [model.score("p", CTX, c).reward for c in CANDS]
     assert all(abs(g - w) <= GROUP_ULPS * bf16_ulp(w) for g, w in zip(got, want))
     assert value(metrics.shared) >= 2 and value(metrics.context_cache) == 4  # 1 miss + 3 hits
+
+
+def test_the_scorer_waits_for_items_of_a_context_still_being_prepared(make, model):
+    """No batching wait at all, but a share wait: every item of the context joins one group."""
+    s, metrics = make(wait_ms=0, share_wait_ms=5000)
+    ctx = Media(CTX, "frames:ctx")
+    assert s.try_admit(4)
+    futures = [s.submit("p", ctx, Media(c, f"c{i}"), deadline=time.monotonic() + 60) for i, c in enumerate(CANDS)]
+    assert all(f.result(60).reward is not None for f in futures)
+    assert value(metrics.shared) == 4
 
 
 def test_without_the_cache_nothing_is_shared(make, model):

@@ -8,7 +8,7 @@ import torch
 
 from nvrm import RewardModel
 from nvrm.bundle import verify_bundle
-from nvrm.prefs.synthetic import write_task
+from nvrm.prefs.synthetic import MISMATCH, PHYSICS, write_task
 from nvrm.train import TrainConfig
 from nvrm.train.trainer import Trainer
 
@@ -16,7 +16,7 @@ from nvrm.train.trainer import Trainer
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     d = tmp_path_factory.mktemp("task")
-    files = write_task(d, n_train=6, n_eval=2, seed=3)  # 24 training pairs, 8 held out
+    files = write_task(d, n_train=6, n_eval=2, seed=3, variants=PHYSICS)  # 24 training pairs, 8 held out
     return files
 
 
@@ -120,3 +120,40 @@ def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path
         assert loaded.score(p.prompt, p.context, cand).reward == merged.score(p.prompt, p.context, cand).reward
     base = RewardModel.from_pretrained(tiny_bundle, device="cpu")
     assert loaded.score(p.prompt, p.context, p.chosen).reward != base.score(p.prompt, p.context, p.chosen).reward
+
+
+def test_mismatch_pairs_score_the_rejected_side_under_its_own_prompt_and_context(tiny_bundle, tmp_path):
+    """Trainer and ``nvrm eval`` give a mismatch pair's rejected side its own prompt / context."""
+    from nvrm.pairs import read_pairs
+    from nvrm.report.evaluate import evaluate_pairs
+
+    files = write_task(tmp_path / "task", n_train=3, n_eval=0, seed=4, variants=MISMATCH)
+    pairs = read_pairs(files["train"])
+    assert [p.shares_condition for p in pairs] == [False] * 6
+    swap_prompt = [p for p in pairs if p.rejected_prompt is not None]
+    swap_context = [p for p in pairs if p.rejected_context is not None]
+    assert len(swap_prompt) == len(swap_context) == 3
+    assert all(p.rejected == p.chosen and p.rejected_prompt != p.prompt for p in swap_prompt)
+    assert all(p.rejected == p.chosen and p.rejected_context != p.context for p in swap_context)
+    assert any("texture_context" in p.rejected_context for p in swap_context)  # the probe's fallback context
+    assert any("texture_context" not in p.rejected_context for p in swap_context)  # another example's context
+
+    rm = RewardModel.from_pretrained(tiny_bundle, device="cpu")
+    outcomes, problems = evaluate_pairs(rm, pairs)
+    assert problems == []
+    for p, o in zip(pairs, outcomes):
+        (cp, cc, cv), (rp, rc, rv) = p.sides
+        assert o.chosen == rm.score(cp, cc, cv).reward
+        assert o.rejected == rm.score(rp, rc, rv).reward
+
+    t = make(tiny_bundle, tmp_path / "run")
+    loaded = t.load_pairs(files["train"], "training")
+    encoded = t._collect(t._submit(loaded))
+    for e in encoded:
+        (cp, cc, cv), (rp, rc, rv) = e.pair.sides
+        want = rm.engine.submit_item(rp, rc, rv).result().encoded
+        assert torch.equal(e.rejected.input_ids, want.input_ids) and torch.equal(e.rejected.positions, want.positions)
+        if e.pair.rejected_prompt is not None:  # the prompt's tokens differ from the chosen side's
+            assert not torch.equal(e.rejected.input_ids, e.chosen.input_ids)
+    t.train(loaded)  # a training step over mismatch pairs runs
+    assert len(losses(tmp_path / "run")) == 2 * 2

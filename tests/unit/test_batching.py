@@ -20,8 +20,6 @@ def test_oversized_item_runs_alone():
     assert plan_batches([5000, 10, 10], 100) == [[0], [1, 2]]
 
 
-def test_max_batch_size_caps_items():
-    assert [len(b) for b in plan_batches([1] * 10, 1000, max_batch_size=4)] == [4, 4, 2]
 
 
 def test_invalid_budget():

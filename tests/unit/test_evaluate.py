@@ -33,3 +33,18 @@ def test_pairwise_probabilities_and_ranking():
     assert [x.index for x in ranked] == [1, 2, 0, 3]  # a tie keeps input order
     assert [x.rank for x in ranked] == [1, 2, 3, 4]
     assert ranked[2].p_best_over == pytest.approx(m[1][0])
+
+
+def test_a_pair_line_may_give_the_rejected_side_its_own_prompt_and_context(tmp_path):
+    from nvrm.pairs import Pair, PairProblem, parse_pair
+
+    p = parse_pair('{"prompt": "a", "context": "c.mp4", "chosen": "x.mp4", "rejected": "x.mp4", "rejected_prompt": "b"}', 1, tmp_path)
+    assert isinstance(p, Pair) and not p.shares_condition
+    assert p.sides[1] == ("b", str(tmp_path / "c.mp4"), str(tmp_path / "x.mp4"))
+    q = parse_pair('{"prompt": "a", "context": "c.mp4", "chosen": "x.mp4", "rejected": "y.mp4", "rejected_context": "/o.mp4"}', 2, tmp_path)
+    assert q.sides[1] == ("a", "/o.mp4", str(tmp_path / "y.mp4"))
+    plain = parse_pair('{"prompt": "a", "context": "c.mp4", "chosen": "x.mp4", "rejected": "y.mp4"}', 3, tmp_path)
+    assert plain.shares_condition and plain.rejected_prompt is None and plain.rejected_context is None
+    bad = parse_pair('{"prompt": "a", "context": "c.mp4", "chosen": "x.mp4", "rejected": "y.mp4", "rejected_prompt": 3, "rejected_context": ""}', 4, tmp_path)
+    assert isinstance(bad, PairProblem)
+    assert "'rejected_prompt' must be a string" in bad.message and "'rejected_context' must be a non-empty path string" in bad.message

@@ -27,6 +27,7 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm bench``: the workload, the random bundle size and the workload's own knobs."""
     p.add_argument("--workload", choices=["files", "rl", "engine", "vision"], default="files", help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
@@ -61,6 +62,7 @@ def _configs(text: str) -> tuple[tuple[str, int], ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark workload, print its table (or JSON with ``--json``) and return 0."""
     from .. import bench
 
     if args.n_groups < 1:

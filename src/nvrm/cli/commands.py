@@ -43,6 +43,7 @@ def load_model(args: argparse.Namespace):
 
 
 def add_score_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm score``: model loading, the prompt, the context and one or more candidates."""
     add_model_args(p)
     p.add_argument("--prompt", required=True, help="text prompt")
     p.add_argument("--context", required=True, help="preceding video (or image) file")
@@ -51,6 +52,7 @@ def add_score_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_score(args: argparse.Namespace) -> int:
+    """Score one candidate against the context and print its reward (or one JSON object). Returns 0; bad input raises an NvrmError."""
     model = load_model(args)
     result = model.score(args.prompt, args.context, args.candidate)
     if args.json:
@@ -64,6 +66,7 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def add_frames_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm frames``: an optional bundle (for its contract), the context and/or candidate, and the output directory."""
     p.add_argument("--model", help="bundle whose nvrm_contract.json overrides apply (default: the release contract)")
     p.add_argument("--context", help="preceding video (or image) file")
     p.add_argument("--candidate", help="candidate continuation video file")
@@ -71,6 +74,7 @@ def add_frames_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_frames(args: argparse.Namespace) -> int:
+    """Write the exact frames the contract feeds the model (lossless PNG) plus ``frames.json`` listing their times. Returns 0."""
     from ..inputs import prepare_input
 
     if not args.context and not args.candidate:
@@ -98,11 +102,15 @@ def run_frames(args: argparse.Namespace) -> int:
 
 
 def add_verify_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm verify``: the bundle directory and ``--no-cache``."""
     p.add_argument("bundle", help="bundle directory")
     p.add_argument("--no-cache", action="store_true", help="re-hash every file instead of using the digest cache")
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    """Check every file of a bundle against its integrity manifest and print the result.
+
+    Returns 1 when the bundle has no manifest; a mismatch raises a ``BundleError`` (exit code 2)."""
     bundle = Path(args.bundle)
     if not bundle.is_dir():
         raise BundleError(f"{bundle}: no such bundle directory")
@@ -119,12 +127,14 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def add_download_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm download``: repository id, revision and destination."""
     p.add_argument("--repo", default=DEFAULT_REPO, help=f"Hub repo id (default {DEFAULT_REPO})")
     p.add_argument("--revision", help="commit sha to pin (recommended)")
     p.add_argument("--local-dir", help="directory to download into (default: the Hub cache)")
 
 
 def run_download(args: argparse.Namespace) -> int:
+    """Download a release bundle from the model hub (safetensors only) and verify it. Returns 0 on success."""
     path = download_bundle(args.repo, revision=args.revision, local_dir=args.local_dir)
     report = verify_bundle(path)
     print(f"downloaded {args.repo}@{args.revision or 'main'} to {path} ({report.files_checked} file(s) verified)")

@@ -24,6 +24,7 @@ DEMO_LABEL = (
 
 
 def demo_bundle_path() -> Path:
+    """Where the embedded demo bundle lives inside the installed package."""
     return Path(__file__).resolve().parents[1] / "assets" / "demo-bundle"
 
 
@@ -52,6 +53,7 @@ def write_demo_clips(folder: Path, seed: int = 424242) -> tuple[Path, dict[str, 
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm demo``: an optional bundle (default: the embedded demo), device, prompt and ``--json``."""
     p.add_argument("--model", help="bundle directory; default: the embedded demo bundle")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--prompt", default="A square glides across a tiled floor at constant speed.", help="text prompt")
@@ -59,6 +61,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write the demo clips, score and rank them, and print the ranking. Returns 0."""
     from ..scoring import RewardModel
 
     demo = args.model is None

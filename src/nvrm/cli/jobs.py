@@ -9,11 +9,13 @@ from pathlib import Path
 
 from ..errors import InputError
 from .commands import add_model_args, load_model
+from .options import add_ray_args
 
 # ------------------------------------------------------------------ batch
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm batch``: model loading, manifest, output, resume and flush cadence, and the Ray options."""
     from ..jobs.engine import DEFAULT_FLUSH_EVERY
 
     add_model_args(p)
@@ -29,11 +31,7 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
         metavar="ROWS",
         help=f"rows scored between durable writes (default {DEFAULT_FLUSH_EVERY})",
     )
-    ray = p.add_argument_group("Ray (scale past one process or machine)")
-    ray.add_argument("--ray", action="store_true", help="run as a Ray Data pipeline with an actor pool of scorers")
-    ray.add_argument("--ray-address", default=None, metavar="ADDR", help="auto, ray://host:10001, or unset for a local cluster")
-    ray.add_argument("--replicas", type=int, default=1, help="scorer actors (model copies)")
-    ray.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per scorer actor (0 on CPU-only clusters)")
+    ray = add_ray_args(p, what="scale past one process or machine", replica="a Ray Data pipeline with an actor pool of scorers")
     ray.add_argument("--cpus-per-preprocess", type=float, default=1.0, help="CPUs per preprocessing task")
 
 
@@ -79,6 +77,7 @@ def run_batch(args: argparse.Namespace) -> int:
 
 
 def add_rank_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm rank``: model loading, prompt, context, the candidates, and the HTML/JSON outputs."""
     add_model_args(p)
     p.add_argument("--prompt", required=True, help="text prompt")
     p.add_argument("--context", required=True, help="preceding video (or image) file")
@@ -88,6 +87,7 @@ def add_rank_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_rank(args: argparse.Namespace) -> int:
+    """Score the candidates as one group and print them best first with Bradley-Terry preference probabilities. Returns 0."""
     from ..report.ranking import pairwise_matrix, rank_rewards
 
     if args.html and not Path(args.html).resolve().parent.is_dir():
@@ -143,6 +143,7 @@ def run_rank(args: argparse.Namespace) -> int:
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm eval``: model loading, the pairs file and where to write the plot."""
     add_model_args(p)
     p.add_argument("--pairs", required=True, help="pairs.jsonl (prompt, context, chosen, rejected[, tie])")
     p.add_argument("--plot", metavar="PNG", help="where to write the plot (default: PAIRS_STEM.rewards.png here)")
@@ -150,6 +151,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    """Score every (chosen, rejected) pair, print accuracy and margins and write the plot.
+
+    Failed pairs are reported and skipped; returns 2 only when every pair failed, else 0."""
     from ..pairs import read_pairs
     from ..report.evaluate import evaluate_pairs, plot_pairs, summarize
 

@@ -13,7 +13,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import bench, commands, demo, jobs, serve, train
+from . import bench, commands, demo, jobs, probe, serve, train
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -24,6 +24,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", jobs.add_batch_args, jobs.run_batch),
     ("rank", "rank candidates for one context (optionally as an HTML report)", jobs.add_rank_args, jobs.run_rank),
     ("eval", "pairwise accuracy on preference pairs, with a plot", jobs.add_eval_args, jobs.run_eval),
+    ("probe", "score candidates under a battery of perturbations and flag potential reward hacks", probe.add_args, probe.run),
     ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
     ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),
     ("prefs", "preference data: filter judgments into pairs, or write the synthetic task", train.add_prefs_args, None),
@@ -33,6 +34,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``nvrm`` argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(prog="nvrm", description="WORL-NVRM next-video reward model runtime")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -63,6 +65,9 @@ def _quiet_libraries(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``nvrm`` command: parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit code.
+
+    An :class:`NvrmError` prints one line to stderr and returns its ``exit_code``; Ctrl-C returns 130."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _quiet_libraries(args.verbose)

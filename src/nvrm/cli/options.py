@@ -18,6 +18,7 @@ from ..errors import ConfigError
 
 
 def flag_of(f: dataclasses.Field) -> str:
+    """The command-line flag of a dataclass field: its ``flag`` metadata, or ``--`` plus the name with dashes."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
@@ -68,3 +69,13 @@ def dataclass_from_args(args: argparse.Namespace, cls: type, **extra: Any) -> An
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid {cls.__name__}: {e}") from e
+
+
+def add_ray_args(p: argparse.ArgumentParser, *, what: str, replica: str) -> argparse._ArgumentGroup:
+    """The Ray flags ``nvrm batch`` and ``nvrm serve`` share; returns the group for command-specific ones."""
+    ray = p.add_argument_group(f"Ray ({what})")
+    ray.add_argument("--ray", action="store_true", help=f"run on Ray: {replica}")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR", help="auto, ray://host:10001, or unset for a local cluster")
+    ray.add_argument("--replicas", type=int, default=1, help="model replicas (one model each)")
+    ray.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (0 on CPU-only clusters)")
+    return ray

@@ -12,17 +12,14 @@ from ..errors import ConfigError
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm serve``: model loading, every :class:`ServeConfig` field (generated) and the Ray Serve options."""
     from ..serve.config import ServeConfig
     from .commands import add_model_args
-    from .options import add_dataclass_args
+    from .options import add_dataclass_args, add_ray_args
 
     add_model_args(p)
     add_dataclass_args(p, ServeConfig, group="service")
-    ray = p.add_argument_group("Ray Serve (replicas on one machine or a cluster)")
-    ray.add_argument("--ray", action="store_true", help="deploy the same app as Ray Serve replicas (one model per replica)")
-    ray.add_argument("--ray-address", default=None, metavar="ADDR", help="auto, ray://host:10001, or unset for a local cluster")
-    ray.add_argument("--replicas", type=int, default=1, help="model replicas")
-    ray.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (0 on CPU-only clusters)")
+    ray = add_ray_args(p, what="replicas on one machine or a cluster", replica="the same app as Ray Serve replicas")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs reserved per replica")
 
 

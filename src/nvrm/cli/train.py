@@ -11,43 +11,30 @@ from ..errors import InputError
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm train``: every :class:`TrainConfig` field (generated from the dataclass)."""
     from ..train.config import TrainConfig
+    from .options import add_dataclass_args
 
-    d = TrainConfig()
     p.add_argument("--base", required=True, help="base bundle to fine-tune (release layout)")
     p.add_argument("--pairs", required=True, help="training pairs.jsonl (prompt, context, chosen, rejected[, tie])")
     p.add_argument("--output", required=True, help="folder for checkpoints, metrics.jsonl and the exported bundle (OUTPUT/bundle)")
     p.add_argument("--eval-pairs", help="held-out pairs, evaluated every epoch (or --eval-every steps)")
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=d.lr, help="LoRA learning rate")
-    p.add_argument("--head-lr", type=float, default=None, help="reward-head learning rate (default: --lr)")
-    p.add_argument("--batch-pairs", type=int, default=d.batch_pairs, help="pairs per micro-batch")
-    p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer step")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--lora-rank", type=int, default=d.lora_rank)
-    p.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
-    p.add_argument("--lora-vision", action="store_true", help="also adapt the vision tower with LoRA")
-    p.add_argument("--tie-margin", type=float, default=None, help="Rao-Kupper tie margin tau (default: ln 2 if there are ties)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--save-every", type=int, default=d.save_every, help="optimizer steps between checkpoints")
-    p.add_argument("--eval-every", type=int, default=None, help="optimizer steps between evaluations")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="training dtype (default: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
+    add_dataclass_args(p, TrainConfig, group="training settings")
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """Fine-tune a reward model on pairwise preferences and export a bundle. Returns 0 on success."""
     from ..scoring import RewardModel
     from ..train.config import TrainConfig
     from ..train.trainer import Trainer
     from ..report.evaluate import evaluate_pairs
 
-    cfg = TrainConfig(
-        epochs=args.epochs, lr=args.lr, head_lr=args.head_lr, batch_pairs=args.batch_pairs, grad_accum=args.grad_accum,
-        warmup_steps=args.warmup_steps, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_vision=args.lora_vision, tie_margin=args.tie_margin,
-        seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, dtype=args.dtype,
-    )
+    from .options import dataclass_from_args
+
+    cfg = dataclass_from_args(args, TrainConfig)
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), "is a file; --output must be a folder")
@@ -90,6 +77,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def add_prefs_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm prefs``: the ``filter`` and ``synth`` subcommands."""
     sub = p.add_subparsers(dest="prefs_command", required=True, metavar="ACTION")
     f = sub.add_parser("filter", help="judgments -> order-consistent, acyclic, de-duplicated pairs")
     f.add_argument("--input", required=True, help="judgments.jsonl: prompt, context, first, second, winner (first|second|tie)")
@@ -98,13 +86,15 @@ def add_prefs_args(p: argparse.ArgumentParser) -> None:
     f.set_defaults(run=run_filter)
     s = sub.add_parser("synth", help="write the synthetic moving-square preference task")
     s.add_argument("--out", required=True, help="folder for clips/, train_pairs.jsonl, eval_pairs.jsonl")
-    s.add_argument("--train", type=int, default=80, help="training examples (4 pairs each)")
-    s.add_argument("--eval", type=int, default=20, help="held-out examples (4 pairs each)")
+    s.add_argument("--train", type=int, default=80, help="training examples (one pair per rejected variant each)")
+    s.add_argument("--eval", type=int, default=20, help="held-out examples (one pair per rejected variant each)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--variants", help="comma-separated rejected kinds to write (default: all of them; see prefs/synthetic.py)")
     s.set_defaults(run=run_synth)
 
 
 def run_filter(args: argparse.Namespace) -> int:
+    """Clean a judgments file (drop malformed rows, duplicates, one-order-only and inconsistent judgments, cycles) and write the kept pairs. Returns 0."""
     from ..prefs.filter import filter_judgments
 
     path = Path(args.input)
@@ -143,8 +133,16 @@ def run_filter(args: argparse.Namespace) -> int:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from ..prefs.synthetic import write_task
+    """Write a synthetic preference task (clips and pairs) for trying out training. Returns 0."""
+    from ..prefs.synthetic import VARIANTS, write_task
 
-    files = write_task(args.out, args.train, args.eval, seed=args.seed)
-    print(f"nvrm prefs synth: wrote {args.train * 4} training and {args.eval * 4} held-out pairs: {files['train']}, {files['eval']}")
+    variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else VARIANTS
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise InputError(f"--variants {args.variants}", f"unknown kind(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(VARIANTS)}")
+    if args.train < 0 or args.eval < 0:
+        raise InputError(f"--train {args.train} --eval {args.eval}", "example counts cannot be negative")
+    files = write_task(args.out, args.train, args.eval, seed=args.seed, variants=variants)
+    per = len(variants)
+    print(f"nvrm prefs synth: wrote {args.train * per} training and {args.eval * per} held-out pairs: {files['train']}, {files['eval']}")
     return 0

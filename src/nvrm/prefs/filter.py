@@ -16,7 +16,7 @@ Steps, in order, each removal recorded with its reason:
    disagreeing judgments, are removed.
 4. **Cycles**: within each (prompt, context) group the kept preferences form
    a directed graph (winner -> loser). Its strongly connected components are
-   found with Tarjan's algorithm; every preference whose two videos lie in
+   found with networkx (Tarjan's algorithm); every preference whose two videos lie in
    the same component is on some cycle and is removed. The preferences left
    form an acyclic graph, and no preference on a cycle survives (the rule
    removes all of a cycle rather than guessing which edge is wrong). Ties are
@@ -73,50 +73,13 @@ def _outcome(row: dict) -> str:
 
 
 def strongly_connected(nodes: list[str], edges: dict[str, list[str]]) -> dict[str, int]:
-    """Tarjan's algorithm (iterative): component id per node."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    comp: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    counter = 0
-    n_comp = 0
-    for root in nodes:
-        if root in index:
-            continue
-        work = [(root, iter(edges.get(root, ())))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            v, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(edges.get(w, ()))))
-                    advanced = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp[w] = n_comp
-                    if w == v:
-                        break
-                n_comp += 1
-    return comp
+    """Component id per node of the directed graph ``edges`` (networkx's strongly connected components)."""
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from((v, w) for v, ws in edges.items() for w in ws)
+    return {v: k for k, members in enumerate(nx.strongly_connected_components(graph)) for v in members}
 
 
 def filter_judgments(rows: Iterable[Any]) -> FilterResult:

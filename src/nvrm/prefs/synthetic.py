@@ -8,7 +8,13 @@ one way:
 - ``freeze``:   the square stops where the context left it;
 - ``teleport``: the square jumps to a random place every second;
 - ``reverse``:  the square moves back the way it came (time runs backwards);
-- ``flicker``:  the motion is right but the square vanishes every other second.
+- ``flicker``:  the motion is right but the square vanishes every other second;
+
+and, since ``nvrm probe`` found that a model trained on those four alone
+rewards degradations it never saw, the right motion spoiled in other ways,
+made with the probe's own perturbations (``nvrm.probe``): ``stutter``,
+``shuffle``, ``noise``, ``brightness``, ``blur``, ``lowres``, ``letterbox``,
+a ``static`` unrelated still, and ``copy_context`` (the context repeated).
 
 Clips are written as real encoded videos (H.264 in MP4 via PyAV), so training
 and scoring go through the same decoding and preprocessing contract as any
@@ -24,7 +30,26 @@ from pathlib import Path
 
 import numpy as np
 
-VARIANTS = ("freeze", "teleport", "reverse", "flicker")
+from ..probe.perturbations import UNRELATED_PROMPT
+
+PHYSICS = ("freeze", "teleport", "reverse", "flicker")
+"""The four kinds of broken motion (the demo's accuracy bar is measured on these)."""
+DEGRADED = ("stutter", "shuffle", "shift", "noise", "brightness", "blur", "lowres", "letterbox", "static", "copy_context")
+"""The right motion, spoiled by a probe perturbation."""
+MISMATCH = ("swap_prompt", "swap_context")
+"""The preferred continuation under an unrelated prompt, or after another context (mismatch pairs)."""
+VARIANTS = PHYSICS + DEGRADED + MISMATCH
+
+PROMPT = "A square glides across a tiled floor at constant speed."
+UNRELATED_PROMPTS = (
+    UNRELATED_PROMPT,
+    "Waves roll onto a sandy beach at sunset.",
+    "A person in a red coat walks down a snowy street.",
+    "Close-up of hands kneading bread dough on a wooden counter.",
+    "A city skyline at night with traffic streaming below.",
+    "A cat sleeps on a sofa.",
+)
+"""Prompts of ``swap_prompt`` pairs (the first is the probe's own unrelated prompt)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +81,7 @@ def _draw(bg: np.ndarray, pos: np.ndarray, color: np.ndarray, size: int, visible
 
 
 def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarray]:
-    """Frames (T, H, W, 3) for the context, the preferred continuation and each rejected variant."""
+    """Frames (T, H, W, 3) for the context, the preferred continuation, each rejected variant and an unrelated ``texture_context``."""
     rng = np.random.default_rng(seed)
     bg = _background(rng, spec)
     color = np.array([rng.integers(200, 256), rng.integers(0, 80), rng.integers(150, 256)], dtype=np.uint8)[rng.permutation(3)]
@@ -92,11 +117,31 @@ def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarr
             [_draw(bg, p, color, spec.square, visible=int(k // spec.fps) % 2 == 0) for k, p in enumerate(good)]
         ),
     }
+    out.update(_degraded(out["context"], out["preferred"], spec, rng))
     return out
 
 
-def write_task(out: str | Path, n_train: int, n_eval: int, *, seed: int = 0, spec: SynthSpec = SynthSpec()) -> dict[str, Path]:
-    """Write clips and ``train_pairs.jsonl`` / ``eval_pairs.jsonl`` (4 pairs per example)."""
+def _degraded(context: np.ndarray, preferred: np.ndarray, spec: SynthSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The preferred continuation through the probe's perturbations (one code path with ``nvrm probe``)."""
+    from ..clip import Clip
+    from ..probe.perturbations import PERTURBATIONS, ProbeItem
+
+    item = ProbeItem("", Clip(context, spec.fps), Clip(preferred, spec.fps), float(spec.candidate_seconds))
+    name_of = {"static": "static_image"}
+    out = {v: PERTURBATIONS[name_of.get(v, v)].apply(item, rng).candidate.numpy() for v in DEGRADED}
+    out["texture_context"] = PERTURBATIONS["swap_context"].apply(item, rng).context.numpy()  # the probe's fallback context
+    return out
+
+
+def write_task(
+    out: str | Path, n_train: int, n_eval: int, *, seed: int = 0, spec: SynthSpec = SynthSpec(), variants: tuple[str, ...] = VARIANTS
+) -> dict[str, Path]:
+    """Write clips and ``train_pairs.jsonl`` / ``eval_pairs.jsonl`` (one pair per rejected variant per example).
+
+    ``swap_prompt`` and ``swap_context`` are mismatch pairs (see ``nvrm.pairs``): the
+    preferred video under an unrelated prompt, or after another example's context
+    (every other example: a seeded texture clip, the probe's fallback).
+    """
     from ..synth.clips import write_video
 
     out = Path(out)
@@ -104,23 +149,31 @@ def write_task(out: str | Path, n_train: int, n_eval: int, *, seed: int = 0, spe
     files = {}
     for split, count, offset in (("train", n_train, 0), ("eval", n_eval, 1_000_000)):
         lines = []
+        previous_context = None
         for i in range(count):
             ex_seed = seed * 7_919 + offset + i
             frames = make_example(ex_seed, spec)
             stem = f"{split}{i:05d}"
+            texture = "swap_context" in variants and (i % 2 == 0 or previous_context is None)
             paths = {}
             for name, arr in frames.items():
+                wanted = name in ("context", "preferred") or name in variants or (name == "texture_context" and texture)
+                if not wanted:
+                    continue
                 rel = f"clips/{stem}_{name}.mp4"
                 write_video(out / rel, arr, spec.fps, options={"crf": "18"})
                 paths[name] = rel
-            prompt = "A square glides across a tiled floor at constant speed."
-            for variant in VARIANTS:
-                lines.append(
-                    json.dumps(
-                        {"id": f"{stem}-{variant}", "prompt": prompt, "context": paths["context"],
-                         "chosen": paths["preferred"], "rejected": paths[variant], "kind": variant}
-                    )
-                )
+            rng = np.random.default_rng([ex_seed, 1])
+            for variant in variants:
+                row = {"id": f"{stem}-{variant}", "prompt": PROMPT, "context": paths["context"], "chosen": paths["preferred"]}
+                if variant == "swap_prompt":
+                    row.update(rejected=paths["preferred"], rejected_prompt=UNRELATED_PROMPTS[int(rng.integers(len(UNRELATED_PROMPTS)))])
+                elif variant == "swap_context":
+                    row.update(rejected=paths["preferred"], rejected_context=paths["texture_context"] if texture else previous_context)
+                else:
+                    row["rejected"] = paths[variant]
+                lines.append(json.dumps({**row, "kind": variant}))
+            previous_context = paths["context"]
         path = out / f"{split}_pairs.jsonl"
         path.write_text("\n".join(lines) + ("\n" if lines else ""))
         files[split] = path

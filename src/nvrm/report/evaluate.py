@@ -116,7 +116,7 @@ def plot_pairs(outcomes: Sequence[PairOutcome], path: str | Path, title: str = "
 
 
 def evaluate_pairs(model, pairs) -> tuple[list[PairOutcome], list[str]]:
-    """Score every pair (chosen and rejected share the context, one group each, streamed).
+    """Score every pair, streamed: an ordinary pair as one group (shared context), a mismatch pair as two.
 
     Args:
         model: a ``RewardModel``.
@@ -131,8 +131,22 @@ def evaluate_pairs(model, pairs) -> tuple[list[PairOutcome], list[str]]:
     problems = [p.message for p in pairs if isinstance(p, PairProblem)]
     good = [p for p in pairs if not isinstance(p, PairProblem)]
     outcomes: list[PairOutcome] = []
-    stream = ((p.prompt, p.context, [p.chosen, p.rejected]) for p in good)
-    for p, (rc, rr) in zip(good, model.score_groups(stream, errors="return")):
+
+    def groups():
+        for p in good:
+            if p.shares_condition:
+                yield (p.prompt, p.context, [p.chosen, p.rejected])
+            else:
+                for prompt, context, video in p.sides:
+                    yield (prompt, context, [video])
+
+    results = iter(model.score_groups(groups(), errors="return"))
+
+    def both(p):
+        return next(results) if p.shares_condition else [next(results)[0], next(results)[0]]
+
+    for p in good:
+        rc, rr = both(p)
         bad = rc if isinstance(rc, NvrmError) else rr if isinstance(rr, NvrmError) else None
         if bad is not None:
             problems.append(f"pairs line {p.line}: {bad}")

@@ -52,6 +52,7 @@ class ServiceState:
             model,
             max_batch_items=self.config.max_batch_items,
             max_wait_ms=self.config.max_wait_ms,
+            share_wait_ms=self.config.share_wait_ms,
             max_queue_items=self.config.max_queue_items,
             metrics=self.metrics,
             cache=self.cache,

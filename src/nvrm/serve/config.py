@@ -29,6 +29,9 @@ class ServeConfig:
     )
     max_batch_items: int = field(default=64, metadata=_help("items merged into one forward pass across requests (1 turns cross-request batching off)"))
     max_wait_ms: float = field(default=5.0, metadata=_help("how long the first ready item waits for others to join its batch"))
+    share_wait_ms: float = field(
+        default=50.0, metadata=_help("how long a ready item waits for items of its own context still being prepared (they share its prefix)")
+    )
     max_queue_items: int = field(default=1024, metadata=_help("items admitted (preparing, waiting or scoring) before new requests get 503"))
     max_body_mb: float = field(default=64.0, metadata=_help("request body size limit, enforced while the body streams in"))
     request_timeout_s: float = field(default=120.0, metadata=_help("per-request deadline: a JSON 504 after it, and its items are dropped before their forward"))
@@ -50,6 +53,7 @@ class ServeConfig:
         checks = {
             "max_batch_items": self.max_batch_items >= 1,
             "max_wait_ms": self.max_wait_ms >= 0,
+            "share_wait_ms": self.share_wait_ms >= 0,
             "max_queue_items": self.max_queue_items >= 1,
             "max_body_mb": self.max_body_mb > 0,
             "request_timeout_s": self.request_timeout_s > 0,
@@ -70,6 +74,7 @@ class ServeConfig:
         return {
             "max_batch_items": self.max_batch_items,
             "max_wait_ms": self.max_wait_ms,
+            "share_wait_ms": self.share_wait_ms,
             "max_queue_items": self.max_queue_items,
             "max_body_bytes": self.max_body_bytes,
             "request_timeout_s": self.request_timeout_s,

@@ -176,22 +176,22 @@ def install(app: FastAPI, state) -> None:
         status = 422 if body["results"] and all(r.get("error", {}).get("code") in input_codes for r in body["results"]) else 200
         return JSONResponse(body, status_code=status)
 
-    @app.post(
-        "/v1/score",
-        summary="Score independent items",
-        response_model=ScoreResponse,
-        responses={**_ERRORS, 422: {"model": ScoreResponse, "description": "every item failed on its input (same body)"}},
-        openapi_extra=_request_body_doc(ScoreRequest),
+    routes = (
+        ("/v1/score", "score", "Score independent items", ScoreRequest),
+        ("/v1/score_group", "group", "Score candidates that share one prompt and context", GroupRequest),
     )
-    async def score(request: Request):
-        return await run(request, "score")
+    for path, kind, summary, model in routes:
 
-    @app.post(
-        "/v1/score_group",
-        summary="Score candidates that share one prompt and context",
-        response_model=ScoreResponse,
-        responses={**_ERRORS, 422: {"model": ScoreResponse, "description": "every candidate failed on its input (same body)"}},
-        openapi_extra=_request_body_doc(GroupRequest),
-    )
-    async def score_group(request: Request):
-        return await run(request, "group")
+        async def endpoint(request: Request, kind: str = kind):
+            return await run(request, kind)
+
+        app.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            summary=summary,
+            name=kind,
+            response_model=ScoreResponse,
+            responses={**_ERRORS, 422: {"model": ScoreResponse, "description": "every item failed on its input (same body)"}},
+            openapi_extra=_request_body_doc(model),
+        )

@@ -33,22 +33,12 @@ from ..batching import plan_batches
 from ..engine import PreparedGroup
 from ..engine.encode import GroupEncoded
 from ..engine.workers import unexpected
-from ..errors import NvrmError, RequestError
+from ..errors import Expired, NvrmError, ShuttingDown
 from .contexts import ContextCache
 from .media import Media
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-
-class ShuttingDown(RequestError):
-    def __init__(self, where: str = "request", reason: str = "the server is shutting down; retry on another replica", status: int = 503, code: str = "shutting_down"):
-        super().__init__(where, reason, status, code)
-
-
-class Expired(RequestError):
-    def __init__(self, where: str = "item", reason: str = "its request timed out before it was scored", status: int = 504, code: str = "timeout"):
-        super().__init__(where, reason, status, code)
 
 
 @dataclass
@@ -111,6 +101,7 @@ class Scheduler:
         max_queue_items: int,
         metrics: Metrics,
         cache: ContextCache,
+        share_wait_ms: float = 50.0,
     ):
         self.model = model
         self.engine = model.engine
@@ -119,6 +110,8 @@ class Scheduler:
         self.max_queue_items = max_queue_items
         self.metrics = metrics
         self.cache = cache
+        self.share_wait = share_wait_ms / 1000.0
+        self._preparing: dict[Any, int] = defaultdict(int)  # (prompt, context key) -> items still being prepared
         self._ready: "queue.Queue[Any]" = queue.Queue()
         self._held: deque = deque()
         self._lock = threading.Lock()
@@ -168,7 +161,24 @@ class Scheduler:
         fut: Future = Future()
         self._track(fut, 1, group=False)
         key = (prompt, context.key) if self.cache.enabled and not exact else None
+        if key is not None:
+            with self._lock:
+                self._preparing[key] += 1
         parts = [self._context(context), self.engine.submit_video(candidate.value, "candidate")]
+
+        settled = [key is None]
+
+        def prepared_one() -> None:
+            """Once per item: it is on the ready queue, or answered without getting there."""
+            with self._lock:
+                if settled[0]:
+                    return
+                settled[0] = True
+                self._preparing[key] -= 1
+                if self._preparing[key] <= 0:
+                    del self._preparing[key]
+
+        fut.add_done_callback(lambda _: prepared_one())
 
         def encode(videos: list[Any]) -> None:
             if fut.done():
@@ -189,6 +199,7 @@ class Scheduler:
                 _resolve(fut, unexpected(e))
                 return
             self._ready.put(_Single(item, key, fut, deadline, exact))
+            prepared_one()
 
         _when_all(parts, encode, lambda e: None if fut.done() else _resolve(fut, unexpected(e)))
         return fut
@@ -267,11 +278,15 @@ class Scheduler:
                 self._run_group(work)
                 continue
             batch = [work]
-            deadline = time.monotonic() + self.max_wait
+            start = time.monotonic()
             stop_after = False
             while len(batch) < self.max_batch_items:
                 if self._ready.empty() and not self._held and self.depth <= len(batch):
                     break  # nothing else admitted: waiting could only add latency
+                # items of a context already in this batch that are still being prepared are worth
+                # waiting for a little longer: they will share its prefix
+                sharing = any(self._preparing.get(b.key, 0) > 0 for b in batch if b.key is not None)
+                deadline = start + (max(self.max_wait, self.share_wait) if sharing else self.max_wait)
                 try:
                     nxt = self._next(deadline - time.monotonic())
                 except queue.Empty:

@@ -12,41 +12,40 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 VISION_LORA_TARGETS = ("qkv", "proj", "linear_fc1", "linear_fc2")
 
 
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 3
-    batch_pairs: int = 4
-    """Pairs per micro-batch (each pair is two sequences)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step."""
-    lr: float = 2e-4
-    """Learning rate of the LoRA weights."""
-    head_lr: float | None = None
-    """Learning rate of the reward head (default: ``lr``)."""
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    max_grad_norm: float = 1.0
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.0
-    lora_targets: tuple[str, ...] = LORA_TARGETS
-    lora_vision: bool = False
-    """Also put LoRA adapters on the vision tower (attention and MLP projections, patch embedding)."""
-    tie_margin: float | None = None
-    """Rao-Kupper tau; default 0 (plain Bradley-Terry) without ties, ln 2 with ties."""
-    seed: int = 0
-    save_every: int = 50
-    """Optimizer steps between checkpoints (and one at the end of each epoch)."""
-    eval_every: int | None = None
-    """Optimizer steps between held-out evaluations (default: end of each epoch)."""
-    keep_checkpoints: int = 2
-    dtype: str | None = None
-    """Training dtype of the backbone; default float32 on CPU, bfloat16 on CUDA."""
-    cache_inputs: bool = True
-    """Keep encoded pairs in memory across epochs (small datasets)."""
-    extra: dict = field(default_factory=dict)
+    """How ``nvrm train`` fine-tunes (``nvrm train``'s flags are generated from these fields)."""
+
+    epochs: int = field(default=3, metadata=_help("passes over the training pairs"))
+    batch_pairs: int = field(default=4, metadata=_help("pairs per micro-batch (each pair is two sequences)"))
+    grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
+    lr: float = field(default=2e-4, metadata=_help("learning rate of the LoRA weights"))
+    head_lr: float | None = field(default=None, metadata=_help("learning rate of the reward head (default: --lr)"))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay of the LoRA weights"))
+    warmup_steps: int = field(default=10, metadata=_help("linear warm-up steps before the cosine decay"))
+    max_grad_norm: float = field(default=1.0, metadata=_help("gradient clipping norm (0: no clipping)"))
+    lora_rank: int = field(default=16, metadata=_help("LoRA rank"))
+    lora_alpha: float = field(default=32.0, metadata=_help("LoRA alpha"))
+    lora_dropout: float = field(default=0.0, metadata=_help("LoRA dropout"))
+    lora_targets: tuple[str, ...] = field(
+        default=LORA_TARGETS, metadata=_help("language-model modules that get adapters (repeatable; default all projections)", flag="--lora-target", repeat=True)
+    )
+    lora_vision: bool = field(default=False, metadata=_help("also put LoRA adapters on the vision tower's projections"))
+    tie_margin: float | None = field(default=None, metadata=_help("Rao-Kupper tau; default 0 (plain Bradley-Terry) without ties, ln 2 with ties"))
+    seed: int = field(default=0, metadata=_help("seed of the data order and the adapters"))
+    save_every: int = field(default=50, metadata=_help("optimizer steps between checkpoints (and one at each epoch end)"))
+    eval_every: int | None = field(default=None, metadata=_help("optimizer steps between held-out evaluations (default: each epoch end)"))
+    keep_checkpoints: int = field(default=2, metadata=_help("checkpoints kept on disk"))
+    dtype: str | None = field(default=None, metadata=_help("training dtype of the backbone; default float32 on CPU, bfloat16 on CUDA", choices=("float32", "bfloat16", "float16")))
+    cache_inputs: bool = field(default=True, metadata=_help("keep the prepared videos of every pair in memory across epochs"))
 
     def __post_init__(self) -> None:
+        if not self.lora_targets:
+            object.__setattr__(self, "lora_targets", LORA_TARGETS)
         checks = {
             "epochs": self.epochs >= 1,
             "batch_pairs": self.batch_pairs >= 1,

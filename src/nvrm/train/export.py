@@ -12,9 +12,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..bundle import INDEX_FILE, MANIFEST_NAMES, backbone_files, write_backbone, write_manifest
+from ..bundle import HEAD_FILE, INDEX_FILE, MANIFEST_NAMES, backbone_files, write_backbone, write_manifest
 
-HEAD_FILE = "nvrm_head.safetensors"
 _SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 # never carried over: weights (rewritten), manifests (rewritten), pickle-based files (never)
 _SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")

@@ -8,6 +8,7 @@ LoRA adapters (peft) on the language model and the whole head are trained.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, NvrmError
-from ..model import DTYPES, RewardHead, collate, forward_rewards
+from ..model import DTYPES, RewardHead
 from ..pairs import Pair, PairProblem, read_pairs
 from ..report.evaluate import PairOutcome, summarize
 from ..scoring import RewardModel, default_device
@@ -73,25 +74,15 @@ class Trainer:
 
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=list(config.lora_targets),
-            bias="none",
-        )
-        self.rm.backbone.language_model = get_peft_model(self.rm.backbone.language_model, lora)
-        self.adapted = ["language_model"]
-        if config.lora_vision:
-            vision = LoraConfig(
-                r=config.lora_rank,
-                lora_alpha=config.lora_alpha,
-                lora_dropout=config.lora_dropout,
-                target_modules=list(VISION_LORA_TARGETS),
-                bias="none",
+        def lora(targets) -> LoraConfig:
+            return LoraConfig(
+                r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout, target_modules=list(targets), bias="none"
             )
-            self.rm.backbone.visual = get_peft_model(self.rm.backbone.visual, vision)
-            self.adapted.append("visual")
+
+        self.adapted = ["language_model"] + (["visual"] if config.lora_vision else [])
+        targets = {"language_model": config.lora_targets, "visual": VISION_LORA_TARGETS}
+        for name in self.adapted:
+            setattr(self.rm.backbone, name, get_peft_model(getattr(self.rm.backbone, name), lora(targets[name])))
         self.lora_params = [p for p in self.rm.backbone.parameters() if p.requires_grad]
         if not self.lora_params:
             raise InputError(f"lora_targets={list(config.lora_targets)}", "matched no layer of the language model")
@@ -121,7 +112,8 @@ class Trainer:
         jobs = [self.rm.engine.submit_video(source, role) for source, role in todo]
         for key, job in zip(todo, jobs):
             try:
-                self._cache[key] = job.result()
+                # training needs the patches, grids and times, not the images: half the memory
+                self._cache[key] = dataclasses.replace(job.result(), images=())
             except NvrmError as e:
                 self._cache[key] = e
 
@@ -136,7 +128,8 @@ class Trainer:
 
     @staticmethod
     def _keys(p: Pair) -> list[tuple[str, str]]:
-        return [(p.context, "context"), (p.chosen, "candidate"), (p.rejected, "candidate")]
+        keys = [(p.context, "context"), (p.chosen, "candidate"), (p.rejected, "candidate")]
+        return keys + [(p.rejected_context, "context")] if p.rejected_context else keys
 
     def load_pairs(self, path: str | Path, what: str) -> list[Pair]:
         """Usable pairs; a bad pair is reported and skipped, never fatal.
@@ -172,12 +165,13 @@ class Trainer:
         engine = self.rm.engine
         for p in pairs:
             try:
-                ctx = self._input(p.context, "context")
-                chosen, rejected = self._input(p.chosen, "candidate"), self._input(p.rejected, "candidate")
+                (cp, cc, cv), (rp, rc, rv) = p.sides
+                chosen = (cp, self._input(cc, "context"), self._input(cv, "candidate"))
+                rejected = (rp, self._input(rc, "context"), self._input(rv, "candidate"))
             except NvrmError as e:
                 jobs.append((p, e, None))
                 continue
-            jobs.append((p, engine.submit_item(p.prompt, ctx, chosen), engine.submit_item(p.prompt, ctx, rejected)))
+            jobs.append((p, engine.submit_item(*chosen), engine.submit_item(*rejected)))
         return jobs
 
     def _collect(self, jobs) -> list[EncodedPair]:
@@ -195,15 +189,7 @@ class Trainer:
 
     def rewards(self, encoded: Sequence[Any]) -> torch.Tensor:
         """Rewards [B] (float32, with gradients) of encoded items, through the scoring forward."""
-        batch = collate(encoded, self.rm.pad_id).to(self.device)
-        return forward_rewards(
-            self.rm.backbone,
-            self.head,
-            batch,
-            vision=self.rm.vision,
-            codec=self.rm.engine.codec,
-            normalize_hidden=self.rm.contract.normalize_hidden,
-        ).float()
+        return self.rm.rewards(encoded, head=self.head).float()
 
     def _lr_factor(self, step: int) -> float:
         warm = self.cfg.warmup_steps

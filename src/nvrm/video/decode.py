@@ -33,10 +33,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import av
 from PIL import Image
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from ..contract import Contract
 from ..errors import InputError, LimitError
@@ -321,6 +324,18 @@ def _read_seeking(source: VideoSource, role: str, contract: Contract, limits: Li
     return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, decoded, "seek")
 
 
+def _checked_stream(container: "av.container.InputContainer", role: str, name: str, limits: Limits):
+    """The first video stream, set up for threaded decoding, and its header, once the header limits pass."""
+    streams = container.streams.video
+    if not streams:
+        raise InputError(name, "has no video stream (audio-only or not a video file)")
+    stream = streams[0]
+    header = _header(container, stream)
+    _preflight(header, role, name, limits)
+    stream.thread_type = "AUTO"
+    return stream, header
+
+
 def _read_sequential(source: VideoSource, role: str, contract: Contract, limits: Limits, transform: Transform | None) -> SampledFrames:
     name = describe(source)
 
@@ -329,13 +344,7 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract, limits:
         return transform(image, t) if transform else image
 
     with _open(source, name) as container:
-        streams = container.streams.video
-        if not streams:
-            raise InputError(name, "has no video stream (audio-only or not a video file)")
-        stream = streams[0]
-        header = _header(container, stream)
-        _preflight(header, role, name, limits)
-        stream.thread_type = "AUTO"
+        stream, header = _checked_stream(container, role, name, limits)
         rate = _stream_rate(stream)
         nominal = 1.0 / rate if rate else None
         stop_at = contract.candidate_seconds if role == "candidate" else math.inf
@@ -390,3 +399,30 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract, limits:
     _check_complete(header, times, nominal, role, name)
     plan = _plan_for(role, times, contract, name, nominal, limits)
     return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, len(times), "sequential")
+
+
+def decode_frames(source: VideoSource, *, max_seconds: float | None = None, limits: Limits | None = None) -> tuple["np.ndarray", float]:
+    """Every frame (RGB uint8, ``(T, H, W, 3)``) up to ``max_seconds``, and the stream's average frame rate.
+
+    For tools that change the frames themselves before the contract (``nvrm probe``);
+    scoring never uses it. The header limits are checked first, as for scoring.
+    """
+    import numpy as np
+
+    limits = limits or _DEFAULT_LIMITS
+    name = describe(source)
+    with _open(source, name) as container:
+        stream, header = _checked_stream(container, "candidate" if max_seconds is not None else "context", name, limits)
+        frames, first = [], None
+        try:
+            for i, frame in enumerate(container.decode(stream)):
+                t = _frame_time(frame, i, header.rate)
+                first = t if first is None else first
+                if max_seconds is not None and t is not None and t - first >= max_seconds:
+                    break
+                frames.append(frame.to_ndarray(format="rgb24"))
+        except (av.FFmpegError, EOFError, OSError) as e:
+            raise InputError(name, f"decoding failed after {len(frames)} frame(s) (truncated or corrupt?): {_ffmpeg_reason(e)}") from e
+    if not frames:
+        raise InputError(name, "contains no decodable video frames")
+    return np.stack(frames), float(header.rate or 1.0)
