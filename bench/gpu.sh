@@ -72,4 +72,16 @@ step files 90 bench --workload files --arch "$ARCH" --groups 1,8 --contexts 10
 say "step gpu tests"
 timeout 60 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
 say "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))"
+# 7. the service at C=32 over binary, batching on vs off (issue 12's GPU targets); last, as it starts
+#    three 4B models (in process, two servers): it gets whatever time is left, and its rows are
+#    printed as they are measured, so a timeout keeps the finished ones
+LEFT=$((510 - SECONDS))
+if [ "$LEFT" -gt 60 ]; then
+  say "step serve (limit ${LEFT}s)"
+  timeout "$LEFT" "$PY" bench/serve_load.py --arch "$ARCH" --concurrency 32 --requests 64 --transports binary --no-shared \
+    --json "$OUT/serve.json" >"$OUT/serve.txt" 2>>"$LOG"
+  say "step serve: exit $?"
+else
+  say "step serve skipped: ${LEFT}s left"
+fi
 say "done"

@@ -1,6 +1,7 @@
 """Load benchmark for `nvrm serve`, side by side in one run.
 
     .venv/bin/python bench/serve_load.py [--arch tiny|mid|4b] [--concurrency 1,8,32,64] [--requests 64] [--json out.json]
+        [--transports json,binary] [--shared-only | --no-shared]
 
 Workload (the issue's): one item per request, frames already at 1 fps and
 360x640, a 10-frame context and a 5-frame candidate, as in-memory clips.
@@ -9,8 +10,8 @@ Measured, each against real `nvrm serve` processes on loopback:
 - in-process `score_batch` on the same items (the baseline);
 - the service over JSON (base64 .npy) and over binary (multipart .npy parts);
 - cross-request batching on (defaults) vs off (--max-batch-items 1);
-- shared contexts: 8 concurrent requests with one context, cache on vs off
-  (--context-cache-mb 0);
+- shared contexts: 8 requests with one (new) context, all at once and staggered by 0.1 s,
+  cache on vs prefix cache off (--prefix-cache-mb 0) vs cache off (--context-cache-mb 0);
 - parsing cost: the server's nvrm_parse_seconds per request against the
   contract time of the same item measured in process.
 Reports items/s, p50 and p99 latency per concurrency.
@@ -130,15 +131,25 @@ def drive(url: str, concurrency: int, items: list, transport: str) -> dict:
     }
 
 
-def shared_context(url: str, n: int = 8) -> float:
-    """Seconds until n concurrent one-item requests that share one context are all answered."""
-    ctx = Clip(frames(10, 7), 1.0, name="shared")
+STAGGER_S = 0.1
+"""Gap between the starts of staggered shared-context requests."""
+
+
+def shared_context(url: str, round_: int, n: int = 8, stagger_s: float = 0.0) -> float:
+    """Seconds until n one-item requests that share one context are all answered.
+
+    Each round has a context of its own (as each RL step does), so nothing carries over
+    from an earlier round: only the sharing among the round's n requests is measured.
+    With ``stagger_s`` request i starts i * stagger_s after the first (rollout workers that
+    finish one after another); otherwise all start together."""
+    ctx = Clip(frames(10, 10_000 + round_), 1.0, name="shared")
     cands = [Clip(frames(5, 300 + i), 1.0) for i in range(n)]
     barrier = threading.Barrier(n)
 
     def one(i: int) -> None:
         c = RewardClient(url)
         barrier.wait()
+        time.sleep(i * stagger_s)
         c.score(PROMPT, ctx, cands[i])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -157,7 +168,10 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64, help="one-item requests per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the report here")
     p.add_argument("--shared-only", action="store_true", help="only the shared-context comparison")
+    p.add_argument("--no-shared", action="store_true", help="skip the shared-context comparison (three more server starts)")
+    p.add_argument("--transports", default="json,binary", help="comma-separated: json, binary")
     args = p.parse_args()
+    transports = [t.strip() for t in args.transports.split(",")]
     levels = [int(x) for x in args.concurrency.split(",")]
     bundle = build_bench_bundle(args.arch)
     items = make_items(args.requests)
@@ -176,6 +190,7 @@ def main() -> None:
     contract_s = (time.perf_counter() - t) / 8
     device = device_name(model.device)
     model.close()
+    del model  # the servers below load their own copy
 
     report: dict = {
         "arch": args.arch,
@@ -191,7 +206,7 @@ def main() -> None:
             s = Server(bundle, *extra, log_dir=Path(tmp))
             try:
                 drive(s.url, 2, items[:4], "binary")  # warm-up
-                for transport in ("json", "binary"):
+                for transport in transports:
                     for c in levels:
                         names = ("nvrm_parse_seconds_sum", "nvrm_parse_seconds_count", "nvrm_context_hash_seconds_sum")
                         before = [s.metric(m) for m in names]
@@ -204,16 +219,24 @@ def main() -> None:
                         print(json.dumps(row), flush=True)
             finally:
                 s.stop()
-        shared = {}
-        for label, extra in (("cache on", ()), ("cache off", ("--context-cache-mb", "0"))):
+        shared: dict[str, float] = {}
+        staggered: dict[str, float] = {}
+        arms = (("cache on", ()), ("prefix cache off", ("--prefix-cache-mb", "0")), ("cache off", ("--context-cache-mb", "0")))
+        for label, extra in () if args.no_shared else arms:
             s = Server(bundle, *extra, log_dir=Path(tmp))
             try:
-                shared_context(s.url)  # warm-up
-                shared[label] = min(shared_context(s.url) for _ in range(3))
+                shared_context(s.url, 0)  # warm-up
+                shared[label] = min(shared_context(s.url, r) for r in range(1, 4))
+                staggered[label] = min(shared_context(s.url, r, stagger_s=STAGGER_S) for r in range(4, 7))
             finally:
                 s.stop()
-        report["shared_context_8_requests_s"] = shared
-        report["shared_context_speedup"] = shared["cache off"] / shared["cache on"]
+        if shared:
+            report["shared_context_8_requests_s"] = shared
+            report["shared_context_staggered_s"] = {"stagger_s": STAGGER_S, **staggered}
+            report["staggered_speedup"] = staggered["cache off"] / staggered["cache on"]
+            report["staggered_speedup_without_prefix_cache"] = staggered["cache off"] / staggered["prefix cache off"]
+            report["shared_context_speedup"] = shared["cache off"] / shared["cache on"]
+            report["shared_context_speedup_without_prefix_cache"] = shared["cache off"] / shared["prefix cache off"]
     binary = [r for r in report["rows"] if r["server"] == "batching on" and r["transport"] == "binary"]
     if binary:
         report["parse_fraction_of_contract"] = max(r["parse_ms_per_request"] for r in binary) / 1000 / contract_s

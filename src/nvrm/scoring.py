@@ -519,6 +519,14 @@ class RewardModel:
         results, _ = self._score_chunk(group, None, self.settings.exact if exact is None else exact)
         return results
 
+    def score_prepared_group_reusing(self, group: PreparedGroup, prefix: Prefix | None) -> tuple[list[ScoreResult | NvrmError], Prefix | None]:
+        """Like :meth:`score_prepared_group` (not exact), reusing ``prefix`` when it is this group's prefill.
+
+        Returns the results and the prefix that was used (``prefix`` itself, a new prefill, or None
+        when no candidate could run), so a caller can keep it for later candidates of the same
+        prompt and context."""
+        return self._score_chunk(group, prefix, False)
+
     def _score_chunk(
         self, group: PreparedGroup, prefix: Prefix | None, exact: bool
     ) -> tuple[list[ScoreResult | NvrmError], Prefix | None]:

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import GROUP_ULPS, bf16_ulp
 from nvrm import Clip
-from nvrm.serve.contexts import ContextCache
+from nvrm.serve.contexts import ContextCache, PrefixCache
 from nvrm.serve.media import Media
 from nvrm.serve.metrics import Metrics
 from nvrm.errors import Expired, ShuttingDown
@@ -23,12 +23,14 @@ CANDS = [Clip(moving_square(20, 64, 80, seed=10 + i, speed=1 + i), fps=4) for i 
 def make(model):
     made = []
 
-    def build(cache_mb: float = 64, wait_ms: float = 300, share_wait_ms: float = 50):
+    def build(cache_mb: float = 64, wait_ms: float = 300, share_wait_ms: float = 50, prefix_mb: float = 64):
         holder = {}
-        metrics = Metrics(lambda: holder["s"].depth, lambda: cache.bytes)
+        metrics = Metrics(lambda: holder["s"].depth, lambda: cache.bytes, lambda: prefixes.bytes)
         cache = ContextCache(int(cache_mb * 2**20), lambda hit: metrics.context_cache.labels(result="hit" if hit else "miss").inc())
+        prefixes = PrefixCache(int(prefix_mb * 2**20), lambda hit: metrics.prefix_cache.labels(result="hit" if hit else "miss").inc())
         s = holder["s"] = Scheduler(
-            model, max_batch_items=64, max_wait_ms=wait_ms, max_queue_items=64, metrics=metrics, cache=cache, share_wait_ms=share_wait_ms
+            model, max_batch_items=64, max_wait_ms=wait_ms, max_queue_items=64, metrics=metrics, cache=cache,
+            share_wait_ms=share_wait_ms, prefixes=prefixes,
         )
         made.append(s)
         return s, metrics
@@ -61,6 +63,30 @@ def test_the_scorer_waits_for_items_of_a_context_still_being_prepared(make, mode
     futures = [s.submit("p", ctx, Media(c, f"c{i}"), deadline=time.monotonic() + 60) for i, c in enumerate(CANDS)]
     assert all(f.result(60).reward is not None for f in futures)
     assert value(metrics.shared) == 4
+
+
+@pytest.mark.parametrize("prefix_mb", [64, 0])
+def test_items_of_one_context_in_later_batches_reuse_its_prefill(make, model, monkeypatch, prefix_mb):
+    """One request at a time (each its own batch): the context is prefilled once, then only suffixes run."""
+    import nvrm.scoring
+
+    prefills = []
+    real = nvrm.scoring.prefill
+    monkeypatch.setattr(nvrm.scoring, "prefill", lambda *a, **k: prefills.append(1) or real(*a, **k))
+    s, metrics = make(wait_ms=0, share_wait_ms=0, prefix_mb=prefix_mb)
+    ctx = Media(CTX, "frames:ctx")
+    got = []
+    for i, c in enumerate(CANDS):
+        assert s.try_admit(1)
+        got.append(s.submit("p", ctx, Media(c, f"c{i}"), deadline=time.monotonic() + 60).result(60).reward)
+    want = [model.score("p", CTX, c).reward for c in CANDS]
+    assert all(abs(g - w) <= GROUP_ULPS * bf16_ulp(w) for g, w in zip(got, want)), (got, want)
+    if prefix_mb:
+        hits = sum(x.value for m in metrics.prefix_cache.collect() for x in m.samples if x.name.endswith("_total") and x.labels["result"] == "hit")
+        assert len(prefills) == 1 and value(metrics.prefix_cache) == 4 and hits == 3 and value(metrics.shared) == 3
+        assert 0 < s.prefixes.bytes <= prefix_mb * 2**20
+    else:
+        assert len(prefills) == 4 and s.prefixes.bytes == 0  # off: every item prefills its context again
 
 
 def test_without_the_cache_nothing_is_shared(make, model):

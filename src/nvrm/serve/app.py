@@ -24,7 +24,7 @@ from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
 from . import middleware, routes
 from .config import ServeConfig
-from .contexts import ContextCache
+from .contexts import ContextCache, PrefixCache
 from .metrics import Metrics
 from .scheduler import Scheduler
 
@@ -39,13 +39,16 @@ class ServiceState:
         self.model = None
         self.scheduler: Scheduler | None = None
         self.cache = ContextCache(int(config.context_cache_mb * 1024 * 1024))
+        self.prefixes = PrefixCache(int(config.prefix_cache_mb * 1024 * 1024))
         self.load_error: str | None = None
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
         self.metrics = Metrics(
             lambda: self.scheduler.depth if self.scheduler else 0,
             lambda: self.cache.bytes,
+            lambda: self.prefixes.bytes,
         )
         self.cache._on_lookup = lambda hit: self.metrics.context_cache.labels(result="hit" if hit else "miss").inc()
+        self.prefixes._on_lookup = lambda hit: self.metrics.prefix_cache.labels(result="hit" if hit else "miss").inc()
 
     def install(self, model) -> None:
         self.scheduler = Scheduler(
@@ -56,6 +59,7 @@ class ServiceState:
             max_queue_items=self.config.max_queue_items,
             metrics=self.metrics,
             cache=self.cache,
+            prefixes=self.prefixes,
         )
         self.model = model
 

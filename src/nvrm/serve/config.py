@@ -39,6 +39,10 @@ class ServeConfig:
     context_cache_mb: float = field(
         default=512.0, metadata=_help("prepared contexts kept for later requests (LRU, by content); 0 turns context sharing off")
     )
+    prefix_cache_mb: float = field(
+        default=512.0,
+        metadata=_help("prefilled contexts (their KV, on the model's device) kept so later items of the same context run only their own tokens (LRU); 0 turns it off"),
+    )
     api_key: str | None = field(default=None, repr=False, metadata={"cli": False})
     """The bearer token itself (read from ``api_key_env`` by the CLI; never a flag)."""
 
@@ -59,6 +63,7 @@ class ServeConfig:
             "request_timeout_s": self.request_timeout_s > 0,
             "drain_timeout_s": self.drain_timeout_s >= 0,
             "context_cache_mb": self.context_cache_mb >= 0,
+            "prefix_cache_mb": self.prefix_cache_mb >= 0,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
@@ -79,6 +84,7 @@ class ServeConfig:
             "max_body_bytes": self.max_body_bytes,
             "request_timeout_s": self.request_timeout_s,
             "context_cache_mb": self.context_cache_mb,
+            "prefix_cache_mb": self.prefix_cache_mb,
             "path_inputs": bool(self.allow_dirs),
             "auth": self.api_key is not None,
         }

@@ -72,3 +72,60 @@ class ContextCache:
             while self._bytes > self.max_bytes and len(self._entries) > 1:
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self._bytes -= dropped
+
+
+def prefix_bytes(prefix) -> int:
+    """Device memory a prefilled prefix holds: its per-layer keys and values."""
+    return sum(t.numel() * t.element_size() for kv in prefix.kv for t in kv)
+
+
+class PrefixCache:
+    """(prompt, context key) -> a prefilled ``Prefix`` (the context's KV on the device), LRU within ``max_bytes``.
+
+    Items of one context often reach the scorer in different batches (a trainer sends a
+    group's candidates as separate requests, and they arrive over a few hundred
+    milliseconds). The first batch prefills the context; later ones run only their
+    candidates' suffixes against the kept KV. Only the scorer thread uses it; 0 turns
+    it off. An entry larger than the whole budget is not kept.
+    """
+
+    def __init__(self, max_bytes: int, on_lookup: Callable[[bool], None] | None = None):
+        self.max_bytes = max_bytes
+        self._entries: "OrderedDict[tuple[str, str], tuple[object, int]]" = OrderedDict()
+        self._bytes = 0
+        self._on_lookup = on_lookup or (lambda hit: None)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def holds(self, key: tuple[str, str]) -> bool:
+        """Whether a prefix is kept for ``key`` (no lookup is counted)."""
+        return key in self._entries
+
+    def get(self, key: tuple[str, str]):
+        """The kept prefix of ``key``, or None."""
+        if self.max_bytes <= 0:
+            return None
+        entry = self._entries.get(key)
+        self._on_lookup(entry is not None)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry[0]
+
+    def put(self, key: tuple[str, str], prefix) -> None:
+        """Keep ``prefix`` for ``key``, dropping the least recently used entries beyond the budget."""
+        if self.max_bytes <= 0 or prefix is None:
+            return
+        size = prefix_bytes(prefix)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old[1]
+        if size > self.max_bytes:
+            return
+        self._entries[key] = (prefix, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped

@@ -7,7 +7,9 @@ one scorer thread drains: it takes the first ready item, waits up to
 ``max_wait_ms`` for more (from any request), then
 
 - items that share a prompt and a context (by content) run as one group with
-  prefix reuse, even when they came in separate requests;
+  prefix reuse, even when they came in separate requests; the prefilled
+  context is kept (``PrefixCache``), so items of that context in later batches
+  run only their own tokens, and a batch's only item is prefilled the same way;
 - the others run as padded, token-budgeted batches;
 - a group request runs as its own group;
 - an item whose request has already timed out is dropped before its forward.
@@ -34,7 +36,7 @@ from ..engine import PreparedGroup
 from ..engine.encode import GroupEncoded
 from ..engine.workers import unexpected
 from ..errors import Expired, NvrmError, ShuttingDown
-from .contexts import ContextCache
+from .contexts import ContextCache, PrefixCache
 from .media import Media
 from .metrics import Metrics
 
@@ -102,6 +104,7 @@ class Scheduler:
         metrics: Metrics,
         cache: ContextCache,
         share_wait_ms: float = 50.0,
+        prefixes: PrefixCache | None = None,
     ):
         self.model = model
         self.engine = model.engine
@@ -111,6 +114,7 @@ class Scheduler:
         self.metrics = metrics
         self.cache = cache
         self.share_wait = share_wait_ms / 1000.0
+        self.prefixes = prefixes or PrefixCache(0)
         self._preparing: dict[Any, int] = defaultdict(int)  # (prompt, context key) -> items still being prepared
         self._ready: "queue.Queue[Any]" = queue.Queue()
         self._held: deque = deque()
@@ -312,8 +316,11 @@ class Scheduler:
         loose: list[_Single] = []
         for s in batch:
             (by_key[s.key] if s.key is not None else loose).append(s)
+        alone = len(batch) == 1
         for key, members in by_key.items():
-            if len(members) > 1 and self._run_shared(members):
+            # through the context's prefix (kept for later batches): items sharing it here, items of a
+            # context prefilled before, and a batch's only item (nothing to pad it with anyway)
+            if (len(members) > 1 or alone or self.prefixes.holds(key)) and self._run_shared(key, members):
                 continue
             loose += members
         exact = [s for s in loose if s.exact]
@@ -354,8 +361,8 @@ class Scheduler:
             self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
             _resolve(s.future, r)
 
-    def _run_shared(self, members: list[_Single]) -> bool:
-        """Items of different requests with one prompt and context, as one group with prefix reuse."""
+    def _run_shared(self, key: tuple[str, str], members: list[_Single]) -> bool:
+        """Items of one prompt and context (from any requests) as one group, reusing and keeping its prefix."""
         first = members[0].item
         enc = GroupEncoded.from_items(
             self.engine.rope,
@@ -366,17 +373,19 @@ class Scheduler:
         )
         if enc is None:
             return False
-        prompt = members[0].key[0]  # type: ignore[index]
-        group = PreparedGroup(prompt, first.context, tuple(m.item.candidate for m in members), enc)
+        group = PreparedGroup(key[0], first.context, tuple(m.item.candidate for m in members), enc)
+        prefix = self.prefixes.get(key)
         t = time.perf_counter()
         try:
-            results = self.model.score_prepared_group(group)
+            results, used = self.model.score_prepared_group_reusing(group, prefix)
+            self.prefixes.put(key, used)
         except Exception as e:  # noqa: BLE001
             log.warning("a shared-context group failed unexpectedly", exc_info=True)
             results = [unexpected(e)] * len(members)
         self.metrics.forward.labels(kind="shared").observe(time.perf_counter() - t)
         self.metrics.batch_size.observe(len(members))
-        self.metrics.shared.inc(len(members))
+        if len(members) > 1 or prefix is not None:
+            self.metrics.shared.inc(len(members))
         for m, r in zip(members, results):
             self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
             _resolve(m.future, r)

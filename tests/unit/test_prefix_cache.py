@@ -1,0 +1,46 @@
+"""The service's kept prefixes: least recently used out first, within a byte budget."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from nvrm.serve.contexts import PrefixCache, prefix_bytes
+
+
+def fake_prefix(tokens: int):
+    """Two layers of bf16 keys and values, 1 head of 8 dims: 2 * 2 * tokens * 8 * 2 bytes."""
+    kv = [(torch.zeros(1, 1, tokens, 8, dtype=torch.bfloat16), torch.zeros(1, 1, tokens, 8, dtype=torch.bfloat16)) for _ in range(2)]
+    return SimpleNamespace(kv=kv)
+
+
+def test_bytes_and_lru_order_within_the_budget():
+    p = fake_prefix(10)
+    assert prefix_bytes(p) == 2 * 2 * 10 * 8 * 2
+    lookups = []
+    cache = PrefixCache(3 * prefix_bytes(p), lookups.append)
+    for name in "abc":
+        cache.put(("prompt", name), fake_prefix(10))
+    assert cache.get(("prompt", "a")) is not None  # a is now the most recent
+    cache.put(("prompt", "d"), fake_prefix(10))  # over budget: b (least recent) goes
+    assert not cache.holds(("prompt", "b")) and all(cache.holds(("prompt", k)) for k in "acd")
+    assert cache.bytes == 3 * prefix_bytes(p)
+    assert cache.get(("prompt", "b")) is None and lookups == [True, False]
+
+
+def test_replacing_an_entry_does_not_count_it_twice():
+    cache = PrefixCache(10_000)
+    cache.put(("p", "x"), fake_prefix(10))
+    cache.put(("p", "x"), fake_prefix(20))
+    assert cache.bytes == prefix_bytes(fake_prefix(20))
+
+
+def test_an_entry_over_the_whole_budget_and_a_zero_budget_keep_nothing():
+    big = fake_prefix(100)
+    cache = PrefixCache(prefix_bytes(big) - 1)
+    cache.put(("p", "x"), big)
+    assert cache.bytes == 0 and not cache.holds(("p", "x"))
+    off = PrefixCache(0)
+    off.put(("p", "x"), fake_prefix(1))
+    assert off.get(("p", "x")) is None and off.bytes == 0
