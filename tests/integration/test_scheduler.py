@@ -117,3 +117,21 @@ def test_the_drain_deadline_answers_what_is_still_open(make):
     assert len(out) == 3  # a group's answer keeps its shape, whatever came first
     assert all(isinstance(r, ShuttingDown) for r in out) or all(not isinstance(r, Exception) for r in out)
     assert s.try_admit(1)  # requests already in flight may still be admitted while draining
+
+
+def test_a_failed_shared_forward_answers_its_items_and_gives_back_the_kept_prefixes(make, model, monkeypatch):
+    from nvrm.errors import NvrmError
+
+    s, _ = make(wait_ms=0, share_wait_ms=0)
+    ctx = Media(CTX, "frames:ctx")
+    assert s.try_admit(1)
+    assert s.submit("p", ctx, Media(CANDS[0], "c0"), deadline=time.monotonic() + 60).result(60).reward is not None
+    assert s.prefixes.bytes > 0  # the lone item left its prefill behind
+    real = model.score_prepared_group_reusing
+    monkeypatch.setattr(model, "score_prepared_group_reusing", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device fault")))
+    assert s.try_admit(1)
+    failed = s.submit("p", ctx, Media(CANDS[1], "c1"), deadline=time.monotonic() + 60).result(60)
+    assert isinstance(failed, NvrmError) and "device fault" in str(failed) and s.prefixes.bytes == 0
+    monkeypatch.setattr(model, "score_prepared_group_reusing", real)
+    assert s.try_admit(1)
+    assert s.submit("p", ctx, Media(CANDS[1], "c1"), deadline=time.monotonic() + 60).result(60).reward is not None

@@ -44,3 +44,10 @@ def test_an_entry_over_the_whole_budget_and_a_zero_budget_keep_nothing():
     off = PrefixCache(0)
     off.put(("p", "x"), fake_prefix(1))
     assert off.get(("p", "x")) is None and off.bytes == 0
+
+
+def test_clear_gives_everything_back():
+    cache = PrefixCache(10_000)
+    cache.put(("p", "x"), fake_prefix(10))
+    cache.clear()
+    assert cache.bytes == 0 and not cache.holds(("p", "x"))

@@ -114,6 +114,11 @@ class PrefixCache:
         self._entries.move_to_end(key)
         return entry[0]
 
+    def clear(self) -> None:
+        """Drop every kept prefix (after a failed forward, which may have been out of memory)."""
+        self._entries.clear()
+        self._bytes = 0
+
     def put(self, key: tuple[str, str], prefix) -> None:
         """Keep ``prefix`` for ``key``, dropping the least recently used entries beyond the budget."""
         if self.max_bytes <= 0 or prefix is None:

@@ -381,6 +381,7 @@ class Scheduler:
             self.prefixes.put(key, used)
         except Exception as e:  # noqa: BLE001
             log.warning("a shared-context group failed unexpectedly", exc_info=True)
+            self.prefixes.clear()  # it may have run out of device memory: give the kept prefixes back
             results = [unexpected(e)] * len(members)
         self.metrics.forward.labels(kind="shared").observe(time.perf_counter() - t)
         self.metrics.batch_size.observe(len(members))
