@@ -126,11 +126,12 @@ def probe_many(
         except NvrmError as e:
             loaded.append(e)
     good = [i for i, x in enumerate(loaded) if not isinstance(x, NvrmError)]
+    others = list(other_contexts or [None] * len(items))
     plans: list[list[tuple[str, ProbeItem | NvrmError]]] = []
     groups: list[tuple[str, Clip, list[Clip]]] = []
     for k, i in enumerate(good):
         prompt, ctx, cand, _, _ = loaded[i]
-        other = (other_contexts or [None] * len(items))[i]
+        other = others[i]
         if other is not None:
             other = load_clip(other, None, model.limits)
         elif len(good) > 1:
