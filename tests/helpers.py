@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 
-def bf16_ulp(x: float) -> float:
-    """One unit in the last place of a bfloat16 value of magnitude |x| (8 significant bits)."""
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0**-133
-
-
-def ulps(a: float, b: float) -> float:
-    """|a - b| in bf16 ulps of the larger magnitude."""
-    return abs(a - b) / bf16_ulp(max(abs(a), abs(b)))
+from nvrm.numerics import BATCH_DRIFT_ULPS, GROUP_DRIFT_ULPS, bf16_ulp, ulps  # noqa: F401 - one source for the bounds
 
 
 def exit_job(state, code: int) -> None:
@@ -34,10 +26,9 @@ def echo_job(state, value):
     return value, os.getpid()
 
 
-# Measured agreement with score() (README, "Fidelity"): a 36-layer bundle on CPU showed up to 7 bf16
-# ulps for score_group and 3 for score_batch; an H200 at the 4B shapes showed 6 and 2.
-GROUP_ULPS = 8
-BATCH_ULPS = 4
+# The drift bounds live in nvrm.numerics (measured by bench/drift_sweep.py; README "Fidelity").
+GROUP_ULPS = GROUP_DRIFT_ULPS
+BATCH_ULPS = BATCH_DRIFT_ULPS
 
 
 def release_files():

@@ -202,11 +202,13 @@ class RewardClient:
         return body.request(payload)
 
     @staticmethod
-    def _results(payload: Any, errors: Errors) -> list[ScoreResult | RemoteItemError]:
+    def _results(payload: Any, errors: Errors, expected: int) -> list[ScoreResult | RemoteItemError]:
         try:
             response = ScoreResponse.model_validate(payload)
         except ValidationError as e:
             raise ServiceError(f"the service's answer is not a score response ({e.error_count()} problem(s))") from e
+        if len(response.results) != expected:
+            raise ServiceError(f"the service answered {len(response.results)} result(s) for {expected} item(s); no result is taken from it")
         out: list[ScoreResult | RemoteItemError] = []
         for i, r in enumerate(response.results):
             if isinstance(r, ItemError):
@@ -215,7 +217,7 @@ class RewardClient:
                     raise err
                 out.append(err)
             else:
-                out.append(ScoreResult(r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract, response.model.revision))
+                out.append(ScoreResult(r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract, response.model.revision, tuple(r.off_contract)))
         return out
 
     # ------------------------------------------------------------ API
@@ -231,11 +233,11 @@ class RewardClient:
             errors: ``"raise"`` raises the first item's ``RemoteItemError``; ``"return"`` puts it in its slot.
             exact: score every item alone on the server (bit-identical to ``score``).
         """
-        return self._results(self._request("POST", "/v1/score", **self._items(items, exact)), errors)
+        return self._results(self._request("POST", "/v1/score", **self._items(items, exact)), errors, len(items))
 
     def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """Like ``RewardModel.score_group``: candidates sharing one prompt and context, one result each, in order."""
-        return self._results(self._request("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors)
+        return self._results(self._request("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors, len(candidates))
 
     async def ascore(self, prompt: str, context: Any, candidate: Any, *, exact: bool = False) -> ScoreResult:
         """``score``, asynchronously."""
@@ -243,11 +245,11 @@ class RewardClient:
 
     async def ascore_batch(self, items: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_batch``, asynchronously."""
-        return self._results(await self._arequest("POST", "/v1/score", **self._items(items, exact)), errors)
+        return self._results(await self._arequest("POST", "/v1/score", **self._items(items, exact)), errors, len(items))
 
     async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_group``, asynchronously."""
-        return self._results(await self._arequest("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors)
+        return self._results(await self._arequest("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors, len(candidates))
 
     def info(self) -> dict:
         """The service's ``/v1/info``: model, contract and limits."""

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from .errors import BundleError, ConfigError
 
 CONTRACT_FILENAME = "nvrm_contract.json"
+OFF_CONTRACT_OPTIONS = ("short_candidates",)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class Contract:
     """Extra normalisation of the final hidden state before the head (release: none)."""
     head_dtype: str = "bfloat16"
     """Dtype the reward head runs in; the reward is that dtype's raw logit."""
+    short_candidates: bool = False
+    """Off-contract opt-in: a candidate shorter than ``candidate_seconds`` is scored on the 1 FPS ticks
+    it has (e.g. 3 frames for a 2.06 s clip) instead of being refused. Results that used it say so in
+    ``off_contract``. Left out of the canonical form while off, so the release fingerprint is unchanged."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -103,7 +108,16 @@ class Contract:
         return int(round(self.candidate_seconds * self.sample_fps))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for name in OFF_CONTRACT_OPTIONS:  # opt-ins appear (and change the fingerprint) only when on
+            if not d[name]:
+                del d[name]
+        return d
+
+    @property
+    def off_contract(self) -> tuple[str, ...]:
+        """The off-contract opt-ins this contract has on."""
+        return tuple(name for name in OFF_CONTRACT_OPTIONS if getattr(self, name))
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace, the fingerprint's input."""

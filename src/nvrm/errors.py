@@ -150,3 +150,7 @@ class RewardFnError(NvrmError):
 
     def __reduce__(self):
         return (type(self), (self.failures, self.total))
+
+
+class ZeroSignalWarning(RuntimeWarning):
+    """An RL step whose rewards cannot carry a learning signal (identical candidates, equal rewards)."""

@@ -8,13 +8,21 @@ language model with the deepstack features), so that:
   module's cached ``rope_deltas`` is never read or written);
 - the vision tower runs through ``VisionEncoder`` (batched attention, cached
   tables) instead of its per-image loops;
-- pixel values are made from the uint8 patches on the device.
+- pixel values are made from the uint8 patches on the device;
+- a batch runs **packed**: its items are laid end to end in one row, every
+  layer's matmuls run over all of them at once, and attention runs per item
+  with the same causal SDPA call (same shapes, same kernel) that item gets
+  alone. On CPU this makes ``score_batch`` bit-identical to ``score`` and wastes
+  no work on padding. (Right padding instead sends attention through a masked
+  kernel whose reductions differ by a few bf16 ulps.) Packing replaces plain
+  ``sdpa`` only; other attention implementations run right-padded.
 
-Shapes: B items, L tokens (right-padded), N patches, I images, H hidden.
+Shapes: B items, L tokens (right-padded), T packed tokens, N patches, I images, H hidden.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,6 +31,53 @@ from torch import nn
 
 from .engine.codec import PixelCodec
 from .engine.encode import Encoded, to_pixel_values
+
+PACKED_ATTENTION = "nvrm_packed_sdpa"
+"""The language model's attention implementation when packing is on: SDPA, run per packed item."""
+
+_SEGMENTS: ContextVar[tuple[tuple[int, int], ...] | None] = ContextVar("nvrm_packed_segments", default=None)
+
+
+def _packed_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention, called once per packed item when a packed forward is running.
+
+    Outside a packed forward (``score``, prefills, cached suffixes, training without packing) this is
+    exactly transformers' ``sdpa_attention_forward``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    segments = _SEGMENTS.get()
+    if segments is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    outs = [
+        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
+        for a, b in segments
+    ]
+    return torch.cat(outs, dim=1), None
+
+
+def enable_packing(backbone) -> bool:
+    """Route the language model's attention through ``_packed_sdpa``; only from plain ``sdpa``.
+
+    Returns whether batches of this backbone run packed.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    config = backbone.language_model.config
+    if config._attn_implementation == PACKED_ATTENTION:
+        return True
+    if config._attn_implementation != "sdpa":
+        return False
+    AttentionInterface.register(PACKED_ATTENTION, _packed_sdpa)
+    AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
+    config._attn_implementation = PACKED_ATTENTION
+    return True
+
+
+def is_packed(backbone) -> bool:
+    return getattr(backbone.language_model.config, "_attn_implementation", None) == PACKED_ATTENTION
+
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -112,6 +167,8 @@ def forward_rewards(
     normalize_hidden: bool = False,
 ) -> torch.Tensor:
     """Raw rewards [B] (head dtype, usually bfloat16) at each item's last real token; ``batch`` on the device."""
+    if is_packed(backbone) and batch.input_ids.shape[0] > 1:
+        return _packed_rewards(backbone, head, batch, vision=vision, codec=codec, normalize_hidden=normalize_hidden)
     embeds, mask, deepstack = embed(backbone, vision, batch.input_ids, batch.pixels, batch.image_grid_thw, codec)
     out = backbone.language_model(
         inputs_embeds=embeds,
@@ -123,6 +180,35 @@ def forward_rewards(
     )
     rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
     last = out.last_hidden_state[rows, batch.lengths - 1]  # [B, H]
+    if normalize_hidden:
+        last = nn.functional.normalize(last.float(), dim=-1)
+    return head(last)
+
+
+def _packed_rewards(backbone, head: RewardHead, batch: Batch, *, vision, codec, normalize_hidden: bool) -> torch.Tensor:
+    """``forward_rewards`` with the batch's items end to end in one row (module docstring)."""
+    lengths = batch.lengths.tolist()
+    ids = torch.cat([batch.input_ids[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0)  # [1, T]
+    positions = torch.cat([batch.positions[:, i, :n] for i, n in enumerate(lengths)], dim=1).unsqueeze(1)  # [3, 1, T]
+    ends, start = [], 0
+    for n in lengths:
+        ends.append(start + n)
+        start += n
+    segments = tuple(zip([0, *ends[:-1]], ends))
+    embeds, mask, deepstack = embed(backbone, vision, ids, batch.pixels, batch.image_grid_thw, codec)
+    token = _SEGMENTS.set(segments)
+    try:
+        out = backbone.language_model(
+            inputs_embeds=embeds,
+            attention_mask=torch.ones_like(ids),  # all real: the mask is skipped and each item runs causal
+            position_ids=positions,
+            visual_pos_masks=mask,
+            deepstack_visual_embeds=deepstack,
+            use_cache=False,
+        )
+    finally:
+        _SEGMENTS.reset(token)
+    last = out.last_hidden_state[0, torch.tensor(ends, device=ids.device) - 1]  # [B, H]
     if normalize_hidden:
         last = nn.functional.normalize(last.float(), dim=-1)
     return head(last)

@@ -80,6 +80,7 @@ class Score(BaseModel):
     num_tokens: int
     context_times: list[float]
     candidate_times: list[float]
+    off_contract: list[str] = Field(default_factory=list, description="why this reward is not the release contract's (opt-ins used); absent when it is")
 
 
 class ItemError(BaseModel):

@@ -74,6 +74,15 @@ def reference_images(path: str | Path, role: str, contract: Contract) -> tuple[l
     return [contract_image(images[i], contract) for i in idx], [times[i] for i in idx]
 
 
+def reference_frames(frames, fps: float | None, role: str, contract: Contract) -> tuple[list[Image.Image], list[float]]:
+    """In-memory RGB frames (uint8 ``(H, W, 3)`` arrays) at ``fps`` through the same plain steps as a file;
+    ``fps=None`` is a single image (a context of one frame at time 0)."""
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    times = [i / fps for i in range(len(images))] if fps else [0.0] * len(images)
+    idx = sample(times, (1.0 / fps) if fps else None, role, contract)
+    return [contract_image(images[i], contract) for i in idx], [times[i] for i in idx]
+
+
 def load_reference_model(bundle: str | Path):
     """transformers' own loader, strictly: ``Qwen3VLForConditionalGeneration.from_pretrained`` maps both the
     bare (``language_model.*``) and the prefixed (``model.language_model.*``) key layouts; any weight it would
@@ -101,6 +110,9 @@ class ReferenceScorer:
     def __init__(self, bundle: str | Path, contract: Contract | None = None, device: str = "cpu"):
         from transformers import AutoProcessor
 
+        from .numerics import ensure_cpu_sdpa
+
+        ensure_cpu_sdpa()
         self.contract = contract or Contract.for_bundle(bundle)
         self.processor = AutoProcessor.from_pretrained(str(bundle))
         if self.processor.chat_template is None:  # the template only in tokenizer_config.json

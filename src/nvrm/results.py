@@ -25,12 +25,15 @@ class ScoreResult:
     """Fingerprint of the preprocessing contract used."""
     model_revision: str | None
     """Bundle revision from its manifest, if recorded."""
+    off_contract: tuple[str, ...] = ()
+    """Why this reward is not the release contract's (an opt-in such as a short candidate was used); empty when it is."""
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, times as lists (JSON-ready)."""
         d = asdict(self)
         d["context_times"] = list(self.context_times)
         d["candidate_times"] = list(self.candidate_times)
+        d["off_contract"] = list(self.off_contract)
         return d
 
 
@@ -65,6 +68,7 @@ def item_dict(result: "ScoreResult | BaseException") -> dict[str, Any]:
         "num_tokens": result.num_tokens,
         "context_times": list(result.context_times),
         "candidate_times": list(result.candidate_times),
+        **({"off_contract": list(result.off_contract)} if result.off_contract else {}),
     }
 
 

@@ -32,7 +32,8 @@ from .errors import InputError, InternalError, NvrmError
 from .group import Prefix, prefill, score_suffixes
 from .inputs import PreparedVideo, VideoInput
 from .limits import Limits
-from .model import DTYPES, RewardHead, collate, forward_rewards
+from .numerics import ensure_cpu_sdpa
+from .model import DTYPES, RewardHead, collate, enable_packing, forward_rewards
 from .report.ranking import sigmoid
 from .results import ScoreResult
 from .settings import LoadSettings
@@ -178,6 +179,8 @@ class RewardModel:
         self.path = path
         self.max_batch_tokens = self.settings.max_batch_tokens or default_batch_tokens(device, backbone.config)
         attn = getattr(backbone.visual.config, "_attn_implementation", "sdpa")
+        self.packed = enable_packing(backbone)
+        """Batches run packed (``nvrm.model``): on with plain SDPA attention."""
         self.vision = VisionEncoder(backbone.visual) if attn in ("sdpa", "flash_attention_2") else None
         self._owns_engine = engine is None
         self.engine = engine or Engine(
@@ -242,6 +245,7 @@ class RewardModel:
         contract = contract or Contract.for_bundle(path)
         dev = torch.device(settings.device) if settings.device else default_device()
         attn = settings.attention or _default_attention(dev)
+        ensure_cpu_sdpa()
         backbone = load_backbone(path, config, DTYPES[settings.dtype], attn)
         weight, bias = load_head(path, config.text_config.hidden_size)
         head = RewardHead(weight, bias, DTYPES[contract.head_dtype])
@@ -294,6 +298,7 @@ class RewardModel:
             num_tokens=num_tokens,
             contract=self.fingerprint,
             model_revision=self.revision,
+            off_contract=off_contract_reasons(context, candidate, self.contract),
         )
 
     def rewards(self, encoded: Sequence[Encoded], head: RewardHead | None = None) -> torch.Tensor:
@@ -604,7 +609,16 @@ class RewardModel:
             "max_batch_tokens": self.max_batch_tokens,
             "workers": {"count": self.engine.workers, "kind": self.engine.kind},
             "pixel_codec": self.engine.codec is not None,
+            "packed_batches": self.packed,
         }
+
+
+def off_contract_reasons(context: PreparedVideo, candidate: PreparedVideo, contract: Contract) -> tuple[str, ...]:
+    """Which opt-ins an item actually used (a contract with an opt-in on scores ordinary items as usual)."""
+    reasons = []
+    if len(candidate.times) < contract.candidate_frames:
+        reasons.append(f"short candidate: {len(candidate.times)} of {contract.candidate_frames} frames")
+    return tuple(reasons)
 
 
 def _default_attention(device: torch.device) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp
+from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp, ulps
 from nvrm import Clip, RewardModel
 from nvrm.model import to_device
 from nvrm.synth.clips import moving_square
@@ -23,12 +23,11 @@ def cuda_model(tiny_bundle):
     m.close()
 
 
-def test_transfers_are_pinned_and_asynchronous():
-    t = torch.arange(1 << 16, dtype=torch.uint8)
-    moved = to_device(t, torch.device("cuda"))
+def test_transfers_arrive_intact():
+    t = torch.arange(1 << 16, dtype=torch.int64) % 251
+    moved = to_device(t.to(torch.uint8), torch.device("cuda"))
     torch.cuda.synchronize()
-    assert moved.is_cuda and torch.equal(moved.cpu(), t)
-    assert t.pin_memory().is_pinned()
+    assert moved.is_cuda and torch.equal(moved.cpu(), t.to(torch.uint8))
 
 
 def test_attention_choice_and_vision_path(cuda_model):
@@ -38,7 +37,8 @@ def test_attention_choice_and_vision_path(cuda_model):
         want = "flash_attention_2"
     except ImportError:
         want = "sdpa"
-    assert cuda_model.backbone.config._attn_implementation == want
+    assert cuda_model.backbone.visual.config._attn_implementation == want
+    assert cuda_model.packed == (want == "sdpa")
     assert cuda_model.vision is not None and cuda_model.engine.codec is not None
 
 
@@ -78,3 +78,30 @@ def test_out_of_memory_splits_the_batch_on_the_real_allocator(cuda_model):
         del filler
         torch.cuda.empty_cache()
     assert all(abs(a - b) <= BATCH_ULPS * bf16_ulp(a) for a, b in zip(single, got))
+
+
+def test_batch_on_cuda_within_the_bound_and_exact(cuda_model):
+    """score_batch against score computed on this GPU (never against CPU-recorded rewards)."""
+    items = [(f"prompt {i}", Clip(moving_square(4 * t, *size, seed=10 + i), fps=4), Clip(moving_square(24, *size, seed=20 + i, speed=5), fps=4))
+             for i, (t, size) in enumerate([(3, (64, 80)), (9, (96, 128)), (1, (48, 200)), (6, (120, 90))])]
+    single = [cuda_model.score(*it).reward for it in items]
+    got = [r.reward for r in cuda_model.score_batch(items)]
+    assert max(ulps(a, b) for a, b in zip(single, got)) <= BATCH_ULPS
+    assert [r.reward for r in cuda_model.score_batch(items, exact=True)] == single
+
+
+def test_deep_bundle_drift_on_cuda(tmp_path_factory):
+    """At the release's depth (36 text layers) group and batch stay within the stated bounds on the GPU."""
+    from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
+
+    path = build_tiny_bundle(tmp_path_factory.mktemp("deep-cuda") / "deep36", ArchSpec(num_layers=36), revision="deep-36")
+    with RewardModel.from_pretrained(path, device="cuda") as deep:
+        for k in range(3):
+            ctx = Clip(moving_square(4 + 4 * k, 64 + 16 * k, 80, seed=k), fps=4)
+            cands = [Clip(moving_square(24, *sz, seed=10 + i + 7 * k, speed=1 + i), fps=4) for i, sz in enumerate([(96, 128), (64, 80), (120, 90), (200, 48)])]
+            single = [deep.score(f"p{k}", ctx, c).reward for c in cands]
+            group = [r.reward for r in deep.score_group(f"p{k}", ctx, cands)]
+            batch = [r.reward for r in deep.score_batch([(f"p{k}", ctx, c) for c in cands])]
+            assert max(ulps(a, b) for a, b in zip(single, group)) <= GROUP_ULPS
+            assert max(ulps(a, b) for a, b in zip(single, batch)) <= BATCH_ULPS
+            assert [r.reward for r in deep.score_group(f"p{k}", ctx, cands, exact=True)] == single

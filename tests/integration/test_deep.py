@@ -1,5 +1,6 @@
 """At the release's depth (36 text layers, narrow), group and batch scoring agree with score()
-within the measured tolerance, and exact=True is bit-identical."""
+within the bounds of nvrm.numerics (measured by bench/drift_sweep.py), packed batches are
+bit-identical on the CPU, and exact=True is bit-identical."""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def test_deep_group_and_batch_within_the_measured_tolerance(deep, k):
     cands = [Clip(moving_square(24, *sz, seed=10 + i + 7 * k, speed=1 + i), fps=4) for i, sz in enumerate(SIZES)]
     prompt = f"prompt {k}"
     single = [deep.score(prompt, ctx, c).reward for c in cands]
-    assert len(set(single)) > 1  # the candidates really differ
     group = [r.reward for r in deep.score_group(prompt, ctx, cands)]
     batch = [r.reward for r in deep.score_batch([(prompt, ctx, c) for c in cands])]
     assert max(ulps(s, g) for s, g in zip(single, group)) <= GROUP_ULPS
     assert max(ulps(s, b) for s, b in zip(single, batch)) <= BATCH_ULPS
+    if deep.packed and deep.device.type == "cpu":
+        assert batch == single  # packed rows run the same kernels as score()
     assert [r.reward for r in deep.score_group(prompt, ctx, cands, exact=True)] == single
     assert [r.reward for r in deep.score_batch([(prompt, ctx, c) for c in cands], exact=True)] == single

@@ -89,9 +89,14 @@ def context_ticks(duration: float, contract: Contract) -> tuple[float, ...]:
 def check_candidate_duration(duration: float, interval: float, contract: Contract, source: str) -> None:
     """A candidate may fall short of the window by at most half a source-frame interval."""
     if duration + interval / 2 + _EPS < contract.candidate_seconds:
+        hint = ""
+        if interval > 0:
+            need = math.ceil(contract.candidate_seconds / interval - 0.5 - 1e-9)
+            hint = f" ({need} frames at {1 / interval:.4g} fps)"
         raise ContractError(
             source,
-            f"candidate is {duration:.2f} s; the contract needs {contract.candidate_seconds:.2f} s of video",
+            f"candidate is {duration:.2f} s; the contract needs {contract.candidate_seconds:.2f} s of video{hint}; "
+            "generate a longer clip, or opt in to scoring what exists with Contract(short_candidates=True) (off-contract)",
         )
 
 
@@ -114,6 +119,9 @@ def plan_candidate(
     _check_times(times, source)
     interval = frame_interval(times, nominal_interval)
     duration = times[-1] + interval
+    if contract.short_candidates and duration + interval / 2 + _EPS < contract.candidate_seconds:
+        ticks = tuple(t for t in candidate_ticks(contract) if t < duration - _EPS) or (0.0,)
+        return _plan(times, ticks, duration)
     check_candidate_duration(duration, interval, contract, source)
     return _plan(times, candidate_ticks(contract), duration)
 

@@ -1,0 +1,20 @@
+"""Reward functions for RL trainers, over one scorer and one failure policy.
+
+- ``trl_reward``: TRL's ``GRPOTrainer(reward_funcs=[...])``.
+- ``nvrm.rl.verl``: verl's custom reward functions (``compute_score``, ``compute_score_batch``),
+  configured from ``reward_kwargs``; ``verl_compute_score`` binds them in Python.
+- ``flow_grpo_reward``: a flow-GRPO ``multi_score`` factory.
+- ``batched``: marks a ``render`` hook that takes a whole call.
+- ``Normalize``, ``FailurePolicy``: shaping and failure handling shared by all of them and ``make_reward_fn``.
+
+URL mode (``http(s)://`` of ``nvrm serve``) needs only ``nvrm[client]``: nothing here imports torch
+until an in-process model is loaded.
+"""
+
+from .flow_grpo import flow_grpo_reward
+from .policy import FailurePolicy, Normalize, RunningStats
+from .render import batched
+from .trl import trl_reward
+from .verl import verl_compute_score
+
+__all__ = ["FailurePolicy", "Normalize", "RunningStats", "batched", "flow_grpo_reward", "trl_reward", "verl_compute_score"]
