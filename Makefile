@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.nvrm-installed
 
 install: $(STAMP)
 
-# torch/torchvision are pinned in pyproject.toml to the builds in the local
-# wheel cache, so pip resolves them from disk instead of downloading GBs.
-$(STAMP): pyproject.toml
+# pyproject.toml holds ranges; constraints/release.txt pins the release profile and the
+# torch/torchvision builds in the local wheel cache, so pip resolves them from disk instead
+# of downloading GBs.
+$(STAMP): pyproject.toml constraints/release.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints/release.txt -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

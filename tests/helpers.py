@@ -36,3 +36,60 @@ def release_files():
     from pathlib import Path
 
     return Path(__file__).parent / "data" / "qwen3-vl-4b-instruct"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``nvrm serve`` in a subprocess on a free loopback port, ready when constructed."""
+
+    def __init__(self, bundle, *extra, env=None):
+        import subprocess
+        import sys
+        import time
+        from pathlib import Path
+
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"nvrm-serve-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "nvrm"), "serve", "--model", str(bundle), "--port", str(self.port), *map(str, extra)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("server did not become ready: " + self.output())
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def stop(self):
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()

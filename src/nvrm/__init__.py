@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BundleError, ContractError, InputError, IntegrityError, LimitError, NvrmError, RewardFnError
 
-__version__ = "0.2.0"
+from ._version import __version__
 
 _LAZY = {
     "RewardModel": "scoring",

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,58 +19,14 @@ from nvrm import Clip, RewardFnError, make_reward_fn
 from nvrm.client import RemoteItemError, RewardClient, ServiceError
 from nvrm.protocol import encode_frames
 from nvrm.synth.clips import moving_square
-from helpers import GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, Server, bf16_ulp
 
-NVRM = Path(sys.executable).parent / "nvrm"
 
 # small portrait frames keep each item cheap (~400 tokens) so many requests fit in CI time
 CTX = Clip(moving_square(2, 64, 32, seed=1), fps=1)
 CANDS = [Clip(moving_square(5, 64, 32, seed=10 + i, speed=1 + i), fps=1) for i in range(4)]
 
 
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, bundle, *extra, env=None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"nvrm-serve-{self.port}.log", "w+")
-        self.proc = subprocess.Popen(
-            [str(NVRM), "serve", "--model", str(bundle), "--port", str(self.port), *map(str, extra)],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            assert self.proc.poll() is None, self.output()
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("server did not become ready: " + self.output())
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()[-3000:]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
