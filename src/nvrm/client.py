@@ -12,6 +12,20 @@ never torch or transformers (a test checks ``sys.modules``).
 Paths are sent as paths (the server must allow their folder). Bulk inputs
 (``Clip`` frames, video bytes) travel as binary multipart parts by default
 (``transport="binary"``; ``"json"`` sends them as base64 inside the JSON).
+
+Two things keep uploads small (both on by default, both exact):
+
+- **Sampling before upload** (``presample``): an in-memory ``Clip`` is cut to
+  the frames the server's contract will use (its time plan, read once from
+  ``/v1/info``: 5 of an 81-frame candidate), sent with their source times and
+  the contract fingerprint; the server refuses a fingerprint it does not run.
+  A torch tensor on the GPU copies only those frames to the host. Encoded
+  files and bytes are still sent whole.
+- **Contexts by content hash** (``context_refs``): a context (sampled frames or
+  video bytes) is named by ``{"ref": hash}``. The first request that names it
+  gets 409 ``context_unknown``; the client uploads it once
+  (``POST /v1/contexts``) and sends the request again. Later requests, from
+  any client, carry only the candidates.
 Per-item errors come back as ``RemoteItemError`` (or are raised, with
 ``errors="raise"``), never as a made-up reward.
 """
@@ -20,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from typing import Any, Literal, Sequence
 
 import httpx
@@ -28,7 +43,7 @@ from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_afte
 
 from .clip import Clip
 from .errors import InputError, RemoteItemError, ServiceError
-from .protocol import REQUEST_PART, ItemError, ScoreResponse, encode_frames, npy_bytes
+from .protocol import REQUEST_PART, ItemError, ScoreResponse, context_ref, encode_frames, npy_bytes
 from .results import ScoreResult
 
 __all__ = ["RewardClient", "RemoteItemError", "ServiceError"]
@@ -47,28 +62,75 @@ class _Retryable(Exception):
 
 
 class _Body:
-    """A request being built: JSON, plus the binary parts its VIDEO objects name."""
+    """A request being built: JSON, plus the binary parts its VIDEO objects name, plus the contexts it
+    names by ref (to upload if the server does not hold them)."""
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, sampling: "tuple[Any, str] | None" = None, refs: bool = False):
         self.transport = transport
+        self.sampling = sampling
+        self.refs = refs and sampling is not None
         self.parts: list[tuple[str, bytes]] = []
+        self.uploads: dict[str, dict[str, Any]] = {}
+        """ref -> what to upload for it: {"frames": array, "times": [...]} or {"data": bytes}."""
 
-    def video(self, value: Any, where: str) -> dict[str, Any]:
+    def video(self, value: Any, where: str, role: str = "candidate") -> dict[str, Any]:
         if isinstance(value, (str, os.PathLike)):
             return {"path": os.path.abspath(os.fspath(value))}
         if isinstance(value, (bytes, bytearray, memoryview)):
-            if self.transport == "binary":
-                return {"part": self._part(bytes(value))}
-            import base64
-
-            return {"data": base64.b64encode(bytes(value)).decode("ascii")}
+            data = bytes(value)
+            if self.refs and role == "context":
+                ref = context_ref(self.sampling[1], data=data)  # type: ignore[index]
+                self.uploads[ref] = {"data": data}
+                return {"ref": ref}
+            return self.encoded(data)
         if isinstance(value, Clip):
+            sampled = self._sample(value, role) if self.sampling is not None else None
+            if sampled is not None:
+                frames, times = sampled
+                if self.refs and role == "context":
+                    ref = context_ref(self.sampling[1], frames=frames, times=times)  # type: ignore[index]
+                    self.uploads[ref] = {"frames": frames, "times": times}
+                    return {"ref": ref}
+                return self.frames(frames, times=times)
             if self.transport == "binary":
                 return {"part": self._part(npy_bytes(value.numpy())), "fps": float(value.fps)}
             return {"frames": encode_frames(value.numpy()), "fps": float(value.fps)}
         if isinstance(value, dict) and value and set(value) <= {"path", "data", "frames", "fps"}:
             return value
         raise InputError(where, f"cannot send {type(value).__name__} to the service; pass a path, video bytes or nvrm.Clip")
+
+    def encoded(self, data: bytes) -> dict[str, Any]:
+        if self.transport == "binary":
+            return {"part": self._part(data)}
+        import base64
+
+        return {"data": base64.b64encode(data).decode("ascii")}
+
+    def frames(self, frames: Any, *, times: list[float]) -> dict[str, Any]:
+        """Frames chosen by the contract's time plan, with their source times and the contract fingerprint."""
+        extra = {"times": times, "sampled": self.sampling[1]}  # type: ignore[index]
+        if self.transport == "binary":
+            return {"part": self._part(npy_bytes(frames)), **extra}
+        return {"frames": encode_frames(frames), **extra}
+
+    def _sample(self, clip: Clip, role: str) -> "tuple[Any, list[float]] | None":
+        """(the frames the server's contract would take, their times), or None to send the clip whole
+        (an input the plan refuses: the server then reports the error in the item's slot)."""
+        from .video.sampling import plan_candidate, plan_context
+
+        contract = self.sampling[0]  # type: ignore[index]
+        try:
+            plan = (plan_candidate if role == "candidate" else plan_context)(clip.times, contract, clip.name, 1.0 / clip.fps)
+        except InputError:
+            return None
+        return clip.take(plan.indices), [float(t) for t in plan.times]
+
+    def upload(self, ref: str) -> dict[str, Any]:
+        """``POST /v1/contexts`` keyword arguments for one ref of this body."""
+        item = self.uploads[ref]
+        body = _Body(self.transport, self.sampling)
+        video = body.encoded(item["data"]) if "data" in item else body.frames(item["frames"], times=item["times"])
+        return body.request({"context": video})
 
     def _part(self, data: bytes) -> str:
         name = f"p{len(self.parts)}"
@@ -96,6 +158,8 @@ class RewardClient:
         retries: int = 4,
         backoff: float = 0.25,
         transport: Transport = "binary",
+        presample: bool = True,
+        context_refs: bool = True,
     ):
         """
         Args:
@@ -105,6 +169,10 @@ class RewardClient:
             retries: extra attempts on connection errors and 502/503/504 (honouring ``Retry-After``).
             backoff: first backoff in seconds; doubles per attempt, with jitter.
             transport: ``"binary"`` (multipart with raw ``.npy``/video parts) or ``"json"`` (base64).
+            presample: send only the frames of an in-memory clip that the server's contract uses.
+            context_refs: name contexts (sampled clips, video bytes) by content hash and upload each
+                one once. Both need the server's contract, read once from ``/v1/info``; ``context_refs``
+                works only with ``presample``.
         """
         if transport not in ("binary", "json"):
             raise ValueError(f"transport must be 'binary' or 'json', got {transport!r}")
@@ -114,6 +182,10 @@ class RewardClient:
         self.backoff = backoff
         self.transport: Transport = transport
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.presample = presample
+        self.context_refs = context_refs
+        self._sampling: "tuple[Any, str] | None | bool" = False  # not read yet
+        self._known: "OrderedDict[str, None]" = OrderedDict()  # context refs this client saw held by the server
         self._sync: httpx.Client | None = None
         self._async: httpx.AsyncClient | None = None
 
@@ -183,23 +255,92 @@ class RewardClient:
 
     # ------------------------------------------------------------ bodies and results
 
-    def _items(self, items: Sequence[Any], exact: bool) -> dict[str, Any]:
-        body = _Body(self.transport)
+    def sampling(self) -> "tuple[Any, str] | None":
+        """(the server's contract, its fingerprint) for sampling before upload; None if off or unknown."""
+        if self._sampling is False:
+            self._sampling = None
+            if self.presample or self.context_refs:
+                from .contract import Contract
+
+                try:
+                    c = self.info()["contract"]
+                    contract = Contract.from_dict(c["fields"])
+                    if contract.fingerprint == c["contract_fields_fingerprint"]:  # same contract code on both sides
+                        self._sampling = (contract, contract.fingerprint)
+                except (ServiceError, KeyError, TypeError, ValueError):
+                    self._sampling = None
+        return self._sampling  # type: ignore[return-value]
+
+    def _body(self) -> _Body:
+        sampling = self.sampling() if (self.presample or self.context_refs) else None
+        return _Body(self.transport, sampling if self.presample else None, self.context_refs)
+
+    def _items(self, items: Sequence[Any], exact: bool) -> tuple[_Body, dict[str, Any]]:
+        body = self._body()
         rows = []
         for i, it in enumerate(items):
             prompt, context, candidate = (it["prompt"], it["context"], it["candidate"]) if isinstance(it, dict) else it
-            rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context"), "candidate": body.video(candidate, f"item {i} candidate")})
-        return body.request({"items": rows, "exact": exact})
+            rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context", "context"), "candidate": body.video(candidate, f"item {i} candidate")})
+        return body, {"items": rows, "exact": exact}
 
-    def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool) -> dict[str, Any]:
-        body = _Body(self.transport)
+    def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool) -> tuple[_Body, dict[str, Any]]:
+        body = self._body()
         payload = {
             "prompt": prompt,
-            "context": body.video(context, "context"),
+            "context": body.video(context, "context", "context"),
             "candidates": [body.video(c, f"candidate {i}") for i, c in enumerate(candidates)],
             "exact": exact,
         }
-        return body.request(payload)
+        return body, payload
+
+    def _post(self, path: str, built: tuple[_Body, dict[str, Any]]) -> Any:
+        """POST a body. A context named by ref that this client has not seen on the server is asked
+        for first (``GET /v1/contexts/<ref>``) and uploaded if missing; if it was evicted meanwhile
+        (409 ``context_unknown``), it is uploaded and the body sent once more."""
+        body, payload = built
+        for ref in body.uploads:
+            if ref not in self._known:
+                try:
+                    self._request("GET", f"/v1/contexts/{ref}")
+                except ServiceError as e:
+                    if e.code != "context_unknown":
+                        raise
+                    self._request("POST", "/v1/contexts", **body.upload(ref))
+                self._remember(ref)
+        try:
+            return self._request("POST", path, **body.request(payload))
+        except ServiceError as e:
+            if e.code != "context_unknown" or not body.uploads:
+                raise
+        for ref in body.uploads:
+            self._request("POST", "/v1/contexts", **body.upload(ref))
+        return self._request("POST", path, **body.request(payload))
+
+    async def _apost(self, path: str, built: tuple[_Body, dict[str, Any]]) -> Any:
+        body, payload = built
+        for ref in body.uploads:
+            if ref not in self._known:
+                try:
+                    await self._arequest("GET", f"/v1/contexts/{ref}")
+                except ServiceError as e:
+                    if e.code != "context_unknown":
+                        raise
+                    await self._arequest("POST", "/v1/contexts", **body.upload(ref))
+                self._remember(ref)
+        try:
+            return await self._arequest("POST", path, **body.request(payload))
+        except ServiceError as e:
+            if e.code != "context_unknown" or not body.uploads:
+                raise
+        for ref in body.uploads:
+            await self._arequest("POST", "/v1/contexts", **body.upload(ref))
+        return await self._arequest("POST", path, **body.request(payload))
+
+    def _remember(self, ref: str) -> None:
+        self._known[ref] = None
+        self._known.move_to_end(ref)
+        while len(self._known) > 4096:
+            self._known.popitem(last=False)
 
     @staticmethod
     def _results(payload: Any, errors: Errors, expected: int) -> list[ScoreResult | RemoteItemError]:
@@ -233,11 +374,11 @@ class RewardClient:
             errors: ``"raise"`` raises the first item's ``RemoteItemError``; ``"return"`` puts it in its slot.
             exact: score every item alone on the server (bit-identical to ``score``).
         """
-        return self._results(self._request("POST", "/v1/score", **self._items(items, exact)), errors, len(items))
+        return self._results(self._post("/v1/score", self._items(items, exact)), errors, len(items))
 
     def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """Like ``RewardModel.score_group``: candidates sharing one prompt and context, one result each, in order."""
-        return self._results(self._request("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors, len(candidates))
+        return self._results(self._post("/v1/score_group", self._group(prompt, context, candidates, exact)), errors, len(candidates))
 
     async def ascore(self, prompt: str, context: Any, candidate: Any, *, exact: bool = False) -> ScoreResult:
         """``score``, asynchronously."""
@@ -245,11 +386,11 @@ class RewardClient:
 
     async def ascore_batch(self, items: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_batch``, asynchronously."""
-        return self._results(await self._arequest("POST", "/v1/score", **self._items(items, exact)), errors, len(items))
+        return self._results(await self._apost("/v1/score", self._items(items, exact)), errors, len(items))
 
     async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_group``, asynchronously."""
-        return self._results(await self._arequest("POST", "/v1/score_group", **self._group(prompt, context, candidates, exact)), errors, len(candidates))
+        return self._results(await self._apost("/v1/score_group", self._group(prompt, context, candidates, exact)), errors, len(candidates))
 
     def info(self) -> dict:
         """The service's ``/v1/info``: model, contract and limits."""

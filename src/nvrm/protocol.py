@@ -25,21 +25,30 @@ class _Strict(BaseModel):
 
 
 class Video(_Strict):
-    """A context or candidate: exactly one of ``path``, ``data``, ``frames`` or ``part``."""
+    """A context or candidate: exactly one of ``path``, ``data``, ``frames``, ``part`` or ``ref``."""
 
     path: str | None = Field(None, description="a file inside one of the server's --allow-dir folders")
     data: str | None = Field(None, description="base64 of encoded video (or image) bytes")
-    frames: str | None = Field(None, description="base64 of a .npy uint8 (T, H, W, 3) array; needs fps")
-    part: str | None = Field(None, description="name of a multipart part: .npy frames with fps, else encoded video bytes")
+    frames: str | None = Field(None, description="base64 of a .npy uint8 (T, H, W, 3) array; needs fps, or times + sampled")
+    part: str | None = Field(None, description="name of a multipart part: .npy frames with fps (or times + sampled), else encoded video bytes")
     fps: float | None = Field(None, description="frame rate of frames / a .npy part", gt=0)
+    times: list[float] | None = Field(
+        None, description="frames already sampled by the contract's time plan: each frame's source time (s); needs 'sampled'"
+    )
+    sampled: str | None = Field(None, description="the contract fingerprint ('contract_fields_fingerprint' of /v1/info) the frames were sampled under")
+    ref: str | None = Field(None, description="a context uploaded before (POST /v1/contexts), named by its content hash")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Video":
-        kinds = [k for k in ("path", "data", "frames", "part") if getattr(self, k) is not None]
+        kinds = [k for k in ("path", "data", "frames", "part", "ref") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError("needs exactly one of 'path', 'data', 'frames' or 'part'")
-        if self.frames is not None and self.fps is None:
-            raise ValueError("'frames' needs its 'fps'")
+            raise ValueError("needs exactly one of 'path', 'data', 'frames', 'part' or 'ref'")
+        if (self.times is None) != (self.sampled is None):
+            raise ValueError("'times' and 'sampled' go together (frames sampled by the client under a contract)")
+        if self.times is not None and self.frames is None and self.part is None:
+            raise ValueError("'times' describe 'frames' or a .npy 'part'")
+        if self.frames is not None and self.fps is None and self.times is None:
+            raise ValueError("'frames' needs its 'fps' (or 'times' and 'sampled')")
         return self
 
 
@@ -54,6 +63,12 @@ class ScoreRequest(_Strict):
 
     items: Annotated[list[Item], Field(min_length=1)]
     exact: bool = Field(False, description="score every item alone (bit-identical to in-process score())")
+
+
+class ContextUpload(_Strict):
+    """``POST /v1/contexts``: keep a context on the server; later requests name it by ``ref``."""
+
+    context: Video
 
 
 class GroupRequest(_Strict):
@@ -155,3 +170,23 @@ def encode_frames(frames) -> str:
     import base64
 
     return base64.b64encode(npy_bytes(frames)).decode("ascii")
+
+
+def context_ref(fingerprint: str, *, frames=None, times=None, data: "bytes | memoryview | None" = None) -> str:
+    """The content hash that names an uploaded context: sha256 over the contract fingerprint, the kind,
+    and the content (sampled frames with their times and shape, or encoded bytes). Client and server
+    compute it the same way; a client can only name (and so only learn about) content it already has."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(b"nvrm-context-v1\0" + fingerprint.encode("ascii") + b"\0")
+    if data is not None:
+        h.update(b"bytes\0")
+        h.update(data)
+    else:
+        import numpy as np
+
+        arr = np.ascontiguousarray(frames)
+        h.update(b"frames\0" + json.dumps({"shape": list(arr.shape), "times": [float(t) for t in times]}, sort_keys=True).encode() + b"\0")
+        h.update(memoryview(arr).cast("B"))
+    return h.hexdigest()

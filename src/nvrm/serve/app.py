@@ -24,7 +24,7 @@ from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
 from . import middleware, routes
 from .config import ServeConfig
-from .contexts import ContextCache, PrefixCache
+from .contexts import ContextCache, ContextStore, PrefixCache
 from .metrics import Metrics
 from .scheduler import Scheduler
 
@@ -40,13 +40,16 @@ class ServiceState:
         self.scheduler: Scheduler | None = None
         self.cache = ContextCache(int(config.context_cache_mb * 1024 * 1024))
         self.prefixes = PrefixCache(int(config.prefix_cache_mb * 1024 * 1024))
+        self.store = ContextStore(int(config.context_store_mb * 1024 * 1024))
         self.load_error: str | None = None
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
         self.metrics = Metrics(
             lambda: self.scheduler.depth if self.scheduler else 0,
             lambda: self.cache.bytes,
             lambda: self.prefixes.bytes,
+            lambda: self.store.bytes,
         )
+        self.store._on_lookup = lambda hit: self.metrics.context_store.labels(result="hit" if hit else "miss").inc()
         self.cache._on_lookup = lambda hit: self.metrics.context_cache.labels(result="hit" if hit else "miss").inc()
         self.prefixes._on_lookup = lambda hit: self.metrics.prefix_cache.labels(result="hit" if hit else "miss").inc()
 

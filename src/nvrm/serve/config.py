@@ -39,6 +39,10 @@ class ServeConfig:
     context_cache_mb: float = field(
         default=512.0, metadata=_help("prepared contexts kept for later requests (LRU, by content); 0 turns context sharing off")
     )
+    context_store_mb: float = field(
+        default=1024.0,
+        metadata=_help("contexts uploaded once (POST /v1/contexts) and named by content hash in later requests (LRU); 0 turns uploads off"),
+    )
     prefix_cache_mb: float = field(
         default=512.0,
         metadata=_help("prefilled contexts (their KV, on the model's device) kept so later items of the same context run only their own tokens (LRU); 0 turns it off"),
@@ -64,6 +68,7 @@ class ServeConfig:
             "drain_timeout_s": self.drain_timeout_s >= 0,
             "context_cache_mb": self.context_cache_mb >= 0,
             "prefix_cache_mb": self.prefix_cache_mb >= 0,
+            "context_store_mb": self.context_store_mb >= 0,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
@@ -85,6 +90,7 @@ class ServeConfig:
             "request_timeout_s": self.request_timeout_s,
             "context_cache_mb": self.context_cache_mb,
             "prefix_cache_mb": self.prefix_cache_mb,
+            "context_store_mb": self.context_store_mb,
             "path_inputs": bool(self.allow_dirs),
             "auth": self.api_key is not None,
         }

@@ -134,3 +134,52 @@ class PrefixCache:
         while self._bytes > self.max_bytes:
             _, (_, dropped) = self._entries.popitem(last=False)
             self._bytes -= dropped
+
+
+class ContextStore:
+    """Uploaded contexts (``POST /v1/contexts``) by content hash: raw sampled frames or encoded bytes,
+    LRU within ``max_bytes``. Requests name them with ``{"ref": hash}`` instead of carrying them.
+
+    A hash is of content plus the contract fingerprint (``protocol.context_ref``), so a client can
+    only ask about content it already holds: presence tells it nothing it could not hash itself.
+    """
+
+    def __init__(self, max_bytes: int, on_lookup: Callable[[bool], None] | None = None):
+        self.max_bytes = max_bytes
+        self._entries: "OrderedDict[str, tuple[object, int]]" = OrderedDict()
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self.evictions = 0
+        self._on_lookup = on_lookup or (lambda hit: None)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, ref: str):
+        """The stored media for ``ref`` (now most recently used), or None; counted as a hit or a miss."""
+        with self._lock:
+            entry = self._entries.get(ref)
+            if entry is not None:
+                self._entries.move_to_end(ref)
+        self._on_lookup(entry is not None)
+        return entry[0] if entry is not None else None
+
+    def put(self, ref: str, media, size: int) -> bool:
+        """Keep ``media`` under ``ref``; False if it alone is over the budget (then nothing is kept)."""
+        with self._lock:
+            old = self._entries.pop(ref, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if size > self.max_bytes:
+                return False
+            self._entries[ref] = (media, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped
+                self.evictions += 1
+            return True

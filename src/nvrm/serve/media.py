@@ -6,7 +6,15 @@ VIDEO is one of
 - ``{"data": "<base64>"}``: encoded video bytes;
 - ``{"frames": "<base64 .npy>", "fps": F}``: a uint8 ``(T, H, W, 3)`` array;
 - ``{"part": "name"[, "fps": F]}``: a multipart part holding the same bytes
-  raw (``.npy`` frames when ``fps`` is given, encoded video otherwise).
+  raw (``.npy`` frames when ``fps`` is given, encoded video otherwise);
+- frames (``frames`` or a ``.npy`` part) with ``"times": [...]`` and
+  ``"sampled": <contract fingerprint>``: frames the client already chose by
+  the contract's time plan (``nvrm.video.sampling``), with their source
+  times. A fingerprint other than this server's contract is refused (409,
+  ``contract_mismatch``), so a client can never sample by another rule;
+- ``{"ref": "<hash>"}``: a context uploaded before with ``POST /v1/contexts``,
+  named by its content hash (``protocol.context_ref``); unknown -> 409,
+  ``context_unknown``, and the client uploads it once.
 
 ``.npy`` payloads are parsed from their header and checked against the bytes
 actually present before anything is allocated (never ``allow_pickle``); the
@@ -30,9 +38,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..clip import Clip
+from ..contract import Contract
 from ..errors import InputError, RequestError
+from ..inputs import Sampled
 from ..limits import Limits
-from ..protocol import Video
+from ..protocol import Video, context_ref
+from ..video.sampling import SamplePlan
 
 _NPY_MAGIC = b"\x93NUMPY"
 _MAX_NPY_HEADER = 65536
@@ -129,10 +140,57 @@ def _file_key(path: str, where: str) -> str:
     return "file:" + h.hexdigest()
 
 
+def presampled(arr: np.ndarray, times: list[float], sampled: str, role: str, contract: Contract, limits: Limits, label: str) -> Sampled:
+    """Frames the client chose by the contract's time plan, checked against this server's contract."""
+    if sampled != contract.fingerprint:
+        raise RequestError(
+            label, f"was sampled under contract {sampled[:12]}, this server runs {contract.fingerprint[:12]}; "
+            "read /v1/info and sample again (nvrm's client does this itself)", 409, "contract_mismatch",
+        )
+    n = int(arr.shape[0])
+    if len(times) != n:
+        raise InputError(label, f"has {n} frames but {len(times)} times")
+    if any(not np.isfinite(t) or t < 0 for t in times) or any(b < a for a, b in zip(times, times[1:])):
+        raise InputError(label, "times must be finite, >= 0 and non-decreasing")
+    limits.check_source(int(arr.shape[2]), int(arr.shape[1]), label)
+    if role == "candidate":
+        want = contract.candidate_frames
+        if n != want and not (contract.short_candidates and 1 <= n < want):
+            raise InputError(label, f"a sampled candidate has {want} frames under this contract, not {n}")
+    else:
+        limits.check_context_duration(times[-1] + 1.0 / contract.sample_fps, label)
+        limits.check_context_frames(n, label)
+    plan = SamplePlan(tuple(range(n)), tuple(float(t) for t in times), tuple(float(t) for t in times), times[-1] + 1.0 / contract.sample_fps)
+    return Sampled(tuple(arr[i] for i in range(n)), plan, label, role)
+
+
 def to_media(
-    video: Video, allow_dirs: tuple[str, ...], where: str, parts: Mapping[str, "bytes | memoryview"], limits: Limits, *, keyed: bool = False
+    video: Video,
+    allow_dirs: tuple[str, ...],
+    where: str,
+    parts: Mapping[str, "bytes | memoryview"],
+    limits: Limits,
+    *,
+    keyed: bool = False,
+    role: str = "candidate",
+    contract: Contract | None = None,
+    store=None,
 ) -> Media:
-    """A validated VIDEO as a scoring input, with its content key when ``keyed`` (contexts; "" otherwise)."""
+    """A validated VIDEO as a scoring input, with its content key when ``keyed`` (contexts; "" otherwise).
+
+    ``role`` is the slot it fills; ``contract`` checks pre-sampled frames; ``store`` (a ``ContextStore``)
+    resolves ``ref``s.
+    """
+    if video.ref is not None:
+        if role != "context":
+            raise InputError(f"{where}.ref", "only a context can be named by ref")
+        held = store.get(video.ref) if store is not None else None
+        if held is None:
+            raise RequestError(
+                f"{where}.ref {video.ref[:16]}", "is not held by this server (never uploaded, or evicted); upload it with POST /v1/contexts",
+                409, "context_unknown",
+            )
+        return held
 
     def key(kind: str, data: "bytes | memoryview", extra: str = "") -> str:
         if not keyed:
@@ -158,11 +216,29 @@ def to_media(
             raise InputError(f"{where}.part", f"names no part of this request ({video.part!r})")
         raw = parts[video.part]  # type: ignore[index]
         label = f"{where}.part {video.part}"
-        if video.fps is None:
+        if video.fps is None and video.times is None:
             if not len(raw):
                 raise InputError(label, "is empty")
             return Media(bytes(raw), key("bytes", raw))
     arr = load_npy(raw, label, limits)
+    if video.times is not None:
+        value = presampled(arr, video.times, video.sampled, role, contract or Contract(), limits, label)  # type: ignore[arg-type]
+        return Media(value, "ref:" + context_ref(video.sampled, frames=arr, times=video.times) if keyed else "")  # type: ignore[arg-type]
     fps = float(video.fps)  # type: ignore[arg-type]
     limits.check_fps(fps, label)
     return Media(Clip(arr, fps, name=label), key("frames", raw, f"|{fps!r}"))
+
+
+def stored(media: Media, fingerprint: str) -> tuple[str, Media, int]:
+    """An uploaded context as the store keeps it: (its ref, a copy that owns its memory, bytes)."""
+    value = media.value
+    if isinstance(value, Sampled):
+        frames = np.stack([np.asarray(f) for f in value.frames])  # a copy: the request body is freed
+        ref = context_ref(fingerprint, frames=frames, times=value.plan.times)
+        kept = Sampled(tuple(frames[i] for i in range(len(frames))), value.plan, f"context {ref[:12]}", "context")
+        return ref, Media(kept, "ref:" + ref), int(frames.nbytes)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        ref = context_ref(fingerprint, data=data)
+        return ref, Media(data, "ref:" + ref), len(data)
+    raise InputError("context", "only sampled frames (with times and sampled) or encoded video bytes can be uploaded")

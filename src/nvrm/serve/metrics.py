@@ -17,7 +17,13 @@ __all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
 class Metrics:
     """Counters, histograms and gauges of one service instance."""
 
-    def __init__(self, items_admitted: Callable[[], float], cache_bytes: Callable[[], float], prefix_bytes: Callable[[], float] = lambda: 0):
+    def __init__(
+        self,
+        items_admitted: Callable[[], float],
+        cache_bytes: Callable[[], float],
+        prefix_bytes: Callable[[], float] = lambda: 0,
+        store_bytes: Callable[[], float] = lambda: 0,
+    ):
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("nvrm_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"], registry=r)
         self.items = Counter("nvrm_items", "Scored items by outcome (ok or error)", ["outcome"], registry=r)
@@ -31,6 +37,9 @@ class Metrics:
         self.forward = Histogram("nvrm_forward_seconds", "Model time per forward pass or group", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         self.context_cache = Counter("nvrm_context_cache", "Prepared-context lookups by result (hit, miss)", ["result"], registry=r)
         self.prefix_cache = Counter("nvrm_prefix_cache", "Kept-prefix lookups by result (hit, miss) for items of a shared context", ["result"], registry=r)
+        self.context_store = Counter("nvrm_context_store", "Lookups of contexts named by ref, by result (hit, miss)", ["result"], registry=r)
+        self.context_uploads = Counter("nvrm_context_uploads", "Contexts uploaded with POST /v1/contexts", registry=r)
+        self.upload_bytes = Counter("nvrm_request_bytes", "Request body bytes received, by endpoint", ["endpoint"], registry=r)
         self.shared = Counter("nvrm_shared_context_items", "Items scored as a group with other requests' items of the same context", registry=r)
         self.expired = Counter("nvrm_expired_items", "Items dropped before their forward pass because their request had timed out", registry=r)
         g = Gauge("nvrm_items_admitted", "Items admitted (preparing, waiting or scoring) and not yet answered", registry=r)
@@ -39,6 +48,8 @@ class Metrics:
         c.set_function(cache_bytes)
         k = Gauge("nvrm_prefix_cache_bytes", "Device bytes held by kept prefixes (prefilled contexts)", registry=r)
         k.set_function(prefix_bytes)
+        st = Gauge("nvrm_context_store_bytes", "Bytes held by uploaded contexts (named by ref)", registry=r)
+        st.set_function(store_bytes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,14 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from ..errors import InputError, RequestError
-from ..protocol import ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
+from ..protocol import ContextUpload, ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
 from ..results import item_dict
-from .media import HASH_SECONDS, to_media
+from .media import HASH_SECONDS, stored, to_media
 from .metrics import CONTENT_TYPE_LATEST
 from .middleware import json_error
 from .transport import parse_body, read_body
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 413, 415, 503, 504)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 409, 413, 415, 503, 504)}
 
 
 def _request_body_doc(model: type) -> dict[str, Any]:
@@ -76,22 +76,44 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         which = "max_request_items" if limits.max_request_items <= state.config.max_queue_items else "max_queue_items"
         raise RequestError("request", f"has {n} items; the limit is {max_items} per request ({which})", 413, "too_large")
 
-    def media(video, where: str, keyed: bool = False):
+    def media(video, where: str, role: str = "candidate"):
         # only contexts are shared across requests, so only they are hashed
-        return to_media(video, state.config.allow_dirs, where, body.parts, limits, keyed=keyed and state.cache.enabled)
+        keyed = role == "context" and state.cache.enabled
+        return to_media(video, state.config.allow_dirs, where, body.parts, limits, keyed=keyed, role=role, contract=state.model.contract, store=state.store)
 
     if kind == "score":
         items = [
-            (it.prompt, media(it.context, f"items[{i}].context", keyed=True), media(it.candidate, f"items[{i}].candidate"))
+            (it.prompt, media(it.context, f"items[{i}].context", "context"), media(it.candidate, f"items[{i}].candidate"))
             for i, it in enumerate(req.items)  # type: ignore[union-attr]
         ]
         work = Work(kind, req.exact, items=items)
     else:
-        group = (req.prompt, media(req.context, "context", keyed=True), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
+        group = (req.prompt, media(req.context, "context", "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
     work.hash_seconds = HASH_SECONDS.value
     work.cpu_seconds = time.thread_time() - cpu0 - work.hash_seconds
     return work
+
+
+def parse_upload(state, raw: bytes, content_type: str) -> dict[str, Any]:
+    """``POST /v1/contexts``: validate, sample-check and keep one context; answer its ref. Runs in a worker thread."""
+    limits = state.model.limits
+    body = parse_body(raw, content_type, 1)
+    try:
+        req = ContextUpload.model_validate(body.payload)
+    except ValidationError as e:
+        raise RequestError(*describe_validation_error(e)) from e
+    if req.context.ref is not None or req.context.path is not None:
+        raise InputError("context", "upload the content itself: sampled frames (with times and sampled) or encoded video bytes")
+    if req.context.times is None and req.context.data is None and (req.context.part is None or req.context.fps is not None):
+        raise InputError("context", "frames are uploaded sampled (with times and sampled); read /v1/info for the contract's time plan")
+    media = to_media(req.context, (), "context", body.parts, limits, role="context", contract=state.model.contract)
+    ref, kept, size = stored(media, state.model.contract.fingerprint)
+    if state.store.max_bytes <= 0:
+        raise RequestError("context", "context uploads are off on this server (--context-store-mb 0)", 403, "forbidden")
+    if not state.store.put(ref, kept, size):
+        raise RequestError("context", f"is {size} bytes, more than the whole context store ({state.store.max_bytes} bytes, --context-store-mb)", 413, "too_large")
+    return {"ref": ref, "bytes": size}
 
 
 def install(app: FastAPI, state) -> None:
@@ -119,10 +141,47 @@ def install(app: FastAPI, state) -> None:
         m = state.model
         return {
             "model": m.info(),
-            "contract": {"fingerprint": m.fingerprint, "contract_fields_fingerprint": m.contract.fingerprint, "fields": m.contract.to_dict()},
+            "contract": {
+                "fingerprint": m.fingerprint,
+                "contract_fields_fingerprint": m.contract.fingerprint,
+                "fields": m.contract.to_dict(),
+                # what a client needs to sample frames itself before uploading (nvrm.video.sampling)
+                "sampling": {
+                    "sample_fps": m.contract.sample_fps,
+                    "candidate_seconds": m.contract.candidate_seconds,
+                    "candidate_frames": m.contract.candidate_frames,
+                    "max_context_frames": m.contract.max_context_frames,
+                    "short_candidates": m.contract.short_candidates,
+                },
+            },
             "limits": {**config.public(), **dataclasses.asdict(m.limits)},
             "replica": state.replica,
         }
+
+    @app.post("/v1/contexts", summary="Keep a context on the server; later requests name it {\"ref\": hash}", responses=_ERRORS)
+    async def upload_context(request: Request):
+        if (busy := not_ready()) is not None:
+            return busy
+        try:
+            raw = await read_body(request, config.max_body_bytes)
+            metrics.upload_bytes.labels(endpoint="contexts").inc(len(raw))
+            answer = await asyncio.to_thread(parse_upload, state, raw, request.headers.get("content-type", ""))
+        except RequestError as e:
+            metrics.rejected.labels(reason=e.code).inc()
+            return json_error(e.status, e.code, str(e))
+        except InputError as e:
+            metrics.rejected.labels(reason="bad_request").inc()
+            return json_error(400, "bad_request", str(e))
+        metrics.context_uploads.inc()
+        return answer
+
+    @app.get("/v1/contexts/{ref}", summary="Whether this server holds an uploaded context (404 if not)", responses={404: {"model": ErrorResponse}})
+    async def has_context(ref: str):
+        if (busy := not_ready()) is not None:
+            return busy
+        if state.store.get(ref) is None:
+            return json_error(404, "context_unknown", f"context {ref[:16]} is not held by this server; upload it with POST /v1/contexts")
+        return {"ref": ref}
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus():
@@ -134,6 +193,7 @@ def install(app: FastAPI, state) -> None:
         t = time.perf_counter()
         try:
             raw = await read_body(request, config.max_body_bytes)
+            metrics.upload_bytes.labels(endpoint=kind).inc(len(raw))
             work = await asyncio.to_thread(parse_work, state, raw, request.headers.get("content-type", ""), kind)
         except RequestError as e:
             metrics.rejected.labels(reason=e.code).inc()
