@@ -22,10 +22,12 @@ Two things keep uploads small (both on by default, both exact):
   A torch tensor on the GPU copies only those frames to the host. Encoded
   files and bytes are still sent whole.
 - **Contexts by content hash** (``context_refs``): a context (sampled frames or
-  video bytes) is named by ``{"ref": hash}``. The first request that names it
-  gets 409 ``context_unknown``; the client uploads it once
-  (``POST /v1/contexts``) and sends the request again. Later requests, from
-  any client, carry only the candidates.
+  video bytes) is hashed (``protocol.context_ref``). If the server holds it
+  (this client sent it before, or ``GET /v1/contexts/<hash>`` says so: another
+  client did) the request names it ``{"ref": hash}`` and carries only the
+  candidates; otherwise it goes inline once and the server keeps it. If the
+  server lost it meanwhile (409 ``context_unknown``), the request is sent
+  again with it inline.
 Per-item errors come back as ``RemoteItemError`` (or are raised, with
 ``errors="raise"``), never as a made-up reward.
 """
@@ -43,7 +45,7 @@ from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_afte
 
 from .clip import Clip
 from .errors import InputError, RemoteItemError, ServiceError
-from .protocol import REQUEST_PART, ItemError, ScoreResponse, context_ref, encode_frames, npy_bytes
+from .protocol import REQUEST_PART, ROUTE_HEADER, ItemError, ScoreResponse, context_ref, encode_frames, npy_bytes
 from .results import ScoreResult
 
 __all__ = ["RewardClient", "RemoteItemError", "ServiceError"]
@@ -62,35 +64,46 @@ class _Retryable(Exception):
 
 
 class _Body:
-    """A request being built: JSON, plus the binary parts its VIDEO objects name, plus the contexts it
-    names by ref (to upload if the server does not hold them)."""
+    """A request being built: JSON, plus the binary parts its VIDEO objects name.
 
-    def __init__(self, transport: Transport, sampling: "tuple[Any, str] | None" = None, refs: bool = False):
+    A context (sampled clip or video bytes) goes by ``{"ref": hash}`` when ``holds(hash)`` says the
+    server has it, else inline (the server then keeps it under that hash for later requests).
+    ``inline=True`` sends every context inline (the retry after the server lost one)."""
+
+    def __init__(self, transport: Transport, sampling: "tuple[Any, str] | None" = None, holds=None, inline: bool = False):
         self.transport = transport
         self.sampling = sampling
-        self.refs = refs and sampling is not None
+        self.holds = holds if sampling is not None else None
+        self.inline = inline
         self.parts: list[tuple[str, bytes]] = []
-        self.uploads: dict[str, dict[str, Any]] = {}
-        """ref -> what to upload for it: {"frames": array, "times": [...]} or {"data": bytes}."""
+        self.refs: list[str] = []
+        """The content hashes of this body's contexts (sent by ref or inline)."""
+        self.by_ref = False
+        """Whether any context went by ref (a 409 can only come from those)."""
+
+    def _context(self, ref: str, inline) -> dict[str, Any]:
+        self.refs.append(ref)
+        if not self.inline and self.holds(ref):  # type: ignore[misc]
+            self.by_ref = True
+            return {"ref": ref}
+        return inline()
 
     def video(self, value: Any, where: str, role: str = "candidate") -> dict[str, Any]:
         if isinstance(value, (str, os.PathLike)):
             return {"path": os.path.abspath(os.fspath(value))}
         if isinstance(value, (bytes, bytearray, memoryview)):
             data = bytes(value)
-            if self.refs and role == "context":
+            if self.holds is not None and role == "context":
                 ref = context_ref(self.sampling[1], data=data)  # type: ignore[index]
-                self.uploads[ref] = {"data": data}
-                return {"ref": ref}
+                return self._context(ref, lambda: self.encoded(data))
             return self.encoded(data)
         if isinstance(value, Clip):
             sampled = self._sample(value, role) if self.sampling is not None else None
             if sampled is not None:
                 frames, times = sampled
-                if self.refs and role == "context":
+                if self.holds is not None and role == "context":
                     ref = context_ref(self.sampling[1], frames=frames, times=times)  # type: ignore[index]
-                    self.uploads[ref] = {"frames": frames, "times": times}
-                    return {"ref": ref}
+                    return self._context(ref, lambda: self.frames(frames, times=times))
                 return self.frames(frames, times=times)
             if self.transport == "binary":
                 return {"part": self._part(npy_bytes(value.numpy())), "fps": float(value.fps)}
@@ -125,25 +138,20 @@ class _Body:
             return None
         return clip.take(plan.indices), [float(t) for t in plan.times]
 
-    def upload(self, ref: str) -> dict[str, Any]:
-        """``POST /v1/contexts`` keyword arguments for one ref of this body."""
-        item = self.uploads[ref]
-        body = _Body(self.transport, self.sampling)
-        video = body.encoded(item["data"]) if "data" in item else body.frames(item["frames"], times=item["times"])
-        return body.request({"context": video})
-
     def _part(self, data: bytes) -> str:
         name = f"p{len(self.parts)}"
         self.parts.append((name, data))
         return name
 
-    def request(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """httpx keyword arguments for this body."""
+    def request(self, payload: dict[str, Any], route: str | None = None) -> dict[str, Any]:
+        """httpx keyword arguments for this body (routed by its first context ref, for Ray Serve)."""
+        route = route or (self.refs[0] if self.refs else None)
+        headers = {ROUTE_HEADER: route} if route else {}
         if not self.parts:
-            return {"content": json.dumps(payload), "headers": {"content-type": "application/json"}}
+            return {"content": json.dumps(payload), "headers": {"content-type": "application/json", **headers}}
         files = [(REQUEST_PART, (None, json.dumps(payload), "application/json"))]
         files += [(name, (name, data, "application/octet-stream")) for name, data in self.parts]
-        return {"files": files}
+        return {"files": files, "headers": headers}
 
 
 class RewardClient:
@@ -271,20 +279,35 @@ class RewardClient:
                     self._sampling = None
         return self._sampling  # type: ignore[return-value]
 
-    def _body(self) -> _Body:
-        sampling = self.sampling() if (self.presample or self.context_refs) else None
-        return _Body(self.transport, sampling if self.presample else None, self.context_refs)
+    def _body(self, inline: bool = False) -> _Body:
+        sampling = self.sampling() if self.presample else None
+        return _Body(self.transport, sampling, self._holds if self.context_refs else None, inline)
 
-    def _items(self, items: Sequence[Any], exact: bool) -> tuple[_Body, dict[str, Any]]:
-        body = self._body()
+    def _holds(self, ref: str) -> bool:
+        """Whether the server holds context ``ref``: known from this client's earlier requests, else asked
+        (``GET /v1/contexts/<ref>``, routed like the requests that will name it)."""
+        if ref in self._known:
+            self._known.move_to_end(ref)
+            return True
+        try:
+            self._request("GET", f"/v1/contexts/{ref}", headers={ROUTE_HEADER: ref})
+        except ServiceError as e:
+            if e.code in ("context_unknown", None) or (e.status or 0) in (404, 405):
+                return False  # not held (or a server without the store): send it inline
+            raise
+        self._remember(ref)
+        return True
+
+    def _items(self, items: Sequence[Any], exact: bool, inline: bool = False) -> tuple[_Body, dict[str, Any]]:
+        body = self._body(inline)
         rows = []
         for i, it in enumerate(items):
             prompt, context, candidate = (it["prompt"], it["context"], it["candidate"]) if isinstance(it, dict) else it
             rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context", "context"), "candidate": body.video(candidate, f"item {i} candidate")})
         return body, {"items": rows, "exact": exact}
 
-    def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool) -> tuple[_Body, dict[str, Any]]:
-        body = self._body()
+    def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool, inline: bool = False) -> tuple[_Body, dict[str, Any]]:
+        body = self._body(inline)
         payload = {
             "prompt": prompt,
             "context": body.video(context, "context", "context"),
@@ -293,48 +316,38 @@ class RewardClient:
         }
         return body, payload
 
-    def _post(self, path: str, built: tuple[_Body, dict[str, Any]]) -> Any:
-        """POST a body. A context named by ref that this client has not seen on the server is asked
-        for first (``GET /v1/contexts/<ref>``) and uploaded if missing; if it was evicted meanwhile
-        (409 ``context_unknown``), it is uploaded and the body sent once more."""
-        body, payload = built
-        for ref in body.uploads:
-            if ref not in self._known:
-                try:
-                    self._request("GET", f"/v1/contexts/{ref}")
-                except ServiceError as e:
-                    if e.code != "context_unknown":
-                        raise
-                    self._request("POST", "/v1/contexts", **body.upload(ref))
-                self._remember(ref)
+    def _post(self, path: str, build) -> Any:
+        """POST ``build(inline)``. Contexts the server holds go by ref; if it lost one meanwhile (409
+        ``context_unknown``: evicted, or another replica), the request goes again with them inline.
+        After a success the server holds every context of the request (it keeps inline ones)."""
+        body, payload = build(False)
         try:
-            return self._request("POST", path, **body.request(payload))
+            out = self._request("POST", path, **body.request(payload))
         except ServiceError as e:
-            if e.code != "context_unknown" or not body.uploads:
+            if e.code != "context_unknown" or not body.by_ref:
                 raise
-        for ref in body.uploads:
-            self._request("POST", "/v1/contexts", **body.upload(ref))
-        return self._request("POST", path, **body.request(payload))
+            for ref in body.refs:
+                self._known.pop(ref, None)
+            body, payload = build(True)
+            out = self._request("POST", path, **body.request(payload))
+        for ref in body.refs:
+            self._remember(ref)
+        return out
 
-    async def _apost(self, path: str, built: tuple[_Body, dict[str, Any]]) -> Any:
-        body, payload = built
-        for ref in body.uploads:
-            if ref not in self._known:
-                try:
-                    await self._arequest("GET", f"/v1/contexts/{ref}")
-                except ServiceError as e:
-                    if e.code != "context_unknown":
-                        raise
-                    await self._arequest("POST", "/v1/contexts", **body.upload(ref))
-                self._remember(ref)
+    async def _apost(self, path: str, build) -> Any:
+        body, payload = build(False)
         try:
-            return await self._arequest("POST", path, **body.request(payload))
+            out = await self._arequest("POST", path, **body.request(payload))
         except ServiceError as e:
-            if e.code != "context_unknown" or not body.uploads:
+            if e.code != "context_unknown" or not body.by_ref:
                 raise
-        for ref in body.uploads:
-            await self._arequest("POST", "/v1/contexts", **body.upload(ref))
-        return await self._arequest("POST", path, **body.request(payload))
+            for ref in body.refs:
+                self._known.pop(ref, None)
+            body, payload = build(True)
+            out = await self._arequest("POST", path, **body.request(payload))
+        for ref in body.refs:
+            self._remember(ref)
+        return out
 
     def _remember(self, ref: str) -> None:
         self._known[ref] = None
@@ -374,11 +387,11 @@ class RewardClient:
             errors: ``"raise"`` raises the first item's ``RemoteItemError``; ``"return"`` puts it in its slot.
             exact: score every item alone on the server (bit-identical to ``score``).
         """
-        return self._results(self._post("/v1/score", self._items(items, exact)), errors, len(items))
+        return self._results(self._post("/v1/score", lambda inline: self._items(items, exact, inline)), errors, len(items))
 
     def score_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """Like ``RewardModel.score_group``: candidates sharing one prompt and context, one result each, in order."""
-        return self._results(self._post("/v1/score_group", self._group(prompt, context, candidates, exact)), errors, len(candidates))
+        return self._results(self._post("/v1/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline)), errors, len(candidates))
 
     async def ascore(self, prompt: str, context: Any, candidate: Any, *, exact: bool = False) -> ScoreResult:
         """``score``, asynchronously."""
@@ -386,11 +399,11 @@ class RewardClient:
 
     async def ascore_batch(self, items: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_batch``, asynchronously."""
-        return self._results(await self._apost("/v1/score", self._items(items, exact)), errors, len(items))
+        return self._results(await self._apost("/v1/score", lambda inline: self._items(items, exact, inline)), errors, len(items))
 
     async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_group``, asynchronously."""
-        return self._results(await self._apost("/v1/score_group", self._group(prompt, context, candidates, exact)), errors, len(candidates))
+        return self._results(await self._apost("/v1/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline)), errors, len(candidates))
 
     def info(self) -> dict:
         """The service's ``/v1/info``: model, contract and limits."""

@@ -19,6 +19,10 @@ BINARY_PART_CONTENT_TYPE = "application/octet-stream"
 REQUEST_PART = "request"
 """Name of the multipart part that holds the JSON request."""
 
+ROUTE_HEADER = "serve_multiplexed_model_id"
+"""Header with the content hash of a request's context: Ray Serve routes requests that carry the same
+value to the replica that already served it (``nvrm.serve.ray_serve``); a plain server ignores it."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)

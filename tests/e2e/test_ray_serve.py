@@ -69,12 +69,15 @@ def _tail(log) -> str:
 
 def test_replicas_answer_like_the_model_and_share_the_load(ray_server, model):
     url, _, _ = ray_server
-    client = RewardClient(url, api_key="k")
+    client = RewardClient(url, api_key="k", presample=False, context_refs=False)  # whole clips, no routing header
     want = [model.score("p", CTX, c).reward for c in CANDS]
     bodies = []
+    body, payload = client._group("p", CTX, CANDS, False)
+    kw = body.request(payload)
+    kw["headers"] = {**kw["headers"], "Authorization": "Bearer k"}
 
     def hit() -> None:
-        r = httpx.post(url + "/v1/score_group", timeout=120, headers={"Authorization": "Bearer k"}, **client._group("p", CTX, CANDS, False))
+        r = httpx.post(url + "/v1/score_group", timeout=120, **kw)
         bodies.append((r.status_code, r.json()))
 
     for _ in range(3):  # concurrent requests, so the router has a reason to use both replicas
@@ -89,6 +92,40 @@ def test_replicas_answer_like_the_model_and_share_the_load(ray_server, model):
         assert all(abs(x["reward"] - w) <= GROUP_ULPS * bf16_ulp(w) for x, w in zip(body["results"], want))
         replicas.add(body["replica"])  # a group is one request: one replica scored all of it
     assert len(bodies) == 24 and len(replicas) == 2, replicas  # Ray Serve routed between the two replicas
+
+
+def test_requests_naming_one_context_go_to_the_replica_that_holds_it(ray_server, model):
+    """Routing on the context hash (Ray Serve multiplexing): one context, one replica, one upload."""
+    url, _, _ = ray_server
+    client = RewardClient(url, api_key="k")
+    inline = []  # per request: whether its context travelled inline (first time, or after a miss)
+    build = client._group
+
+    def group(*args, **kw):
+        body, payload = build(*args, **kw)
+        inline.append(not body.by_ref)
+        return body, payload
+
+    client._group = group
+    answered: dict[int, list[str]] = {}
+    for rnd in range(4):
+        for k in range(6):
+            ctx = CONTEXTS[k]
+            out = client._post("/v1/score_group", lambda inline: client._group(f"p{k}", ctx, CANDS[:1], False, inline))
+            answered.setdefault(k, []).append(out["replica"])
+            if rnd == 0:
+                assert out["results"][0]["reward"] == model.score(f"p{k}", ctx, CANDS[0]).reward
+    homes = {k: max(set(v), key=v.count) for k, v in answered.items()}
+    routed = sum(r == homes[k] for k, v in answered.items() for r in v) / sum(len(v) for v in answered.values())
+    hit_rate = (len(inline) - sum(inline)) / (len(inline) - len(CONTEXTS))  # later requests served by ref, no resend
+    print(f"routing: {routed:.2f} of {len(inline)} requests on their context's replica; context-store hit rate {hit_rate:.2f} "
+          f"({sum(inline)} inline sends for {len(CONTEXTS)} contexts); replicas used {len(set(homes.values()))}")
+    # Ray Serve learns which replica holds a hash from that replica's reports, with a lag of about a
+    # second, so a request right after the first can still land elsewhere (and resend its context)
+    assert routed >= 0.75 and hit_rate >= 0.5
+
+
+CONTEXTS = [Clip(moving_square(8, 64, 80, seed=300 + k), fps=4) for k in range(6)]
 
 
 def test_auth_and_limits_hold_on_every_replica(ray_server):

@@ -159,6 +159,10 @@ class ContextStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def holds(self, ref: str) -> bool:
+        """Whether ``ref`` is stored (not counted as a lookup)."""
+        return ref in self._entries
+
     def get(self, ref: str):
         """The stored media for ``ref`` (now most recently used), or None; counted as a hit or a miss."""
         with self._lock:

@@ -38,7 +38,7 @@ class Metrics:
         self.context_cache = Counter("nvrm_context_cache", "Prepared-context lookups by result (hit, miss)", ["result"], registry=r)
         self.prefix_cache = Counter("nvrm_prefix_cache", "Kept-prefix lookups by result (hit, miss) for items of a shared context", ["result"], registry=r)
         self.context_store = Counter("nvrm_context_store", "Lookups of contexts named by ref, by result (hit, miss)", ["result"], registry=r)
-        self.context_uploads = Counter("nvrm_context_uploads", "Contexts uploaded with POST /v1/contexts", registry=r)
+        self.context_kept = Counter("nvrm_context_store_puts", "Contexts kept in the store: uploaded (POST /v1/contexts) or first sent inline", registry=r)
         self.upload_bytes = Counter("nvrm_request_bytes", "Request body bytes received, by endpoint", ["endpoint"], registry=r)
         self.shared = Counter("nvrm_shared_context_items", "Items scored as a group with other requests' items of the same context", registry=r)
         self.expired = Counter("nvrm_expired_items", "Items dropped before their forward pass because their request had timed out", registry=r)

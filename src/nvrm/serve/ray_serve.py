@@ -5,6 +5,14 @@ app ``create_app`` builds (same endpoints, auth, limits, batching and
 shared-context cache, per replica). Ray Serve's proxy routes each HTTP request
 to a replica; a group is one request, so it is scored on one replica.
 
+Requests that name one context go to the replica that holds it: nvrm's client
+sends the context's content hash in Ray Serve's ``serve_multiplexed_model_id``
+header (``ROUTE_HEADER``), and each replica registers the hashes it has served
+as multiplexed "models", so the proxy prefers that replica for them. The
+upload, the presence check and the scoring requests of one context all carry
+it, so the context store, the prepared-context cache and the kept prefill of
+that context live on one replica.
+
     nvrm serve --model DIR --ray --replicas 4 --gpus-per-replica 1 [--ray-address auto]
 """
 
@@ -15,6 +23,7 @@ import sys
 import threading
 
 from ..errors import InputError
+from ..protocol import ROUTE_HEADER
 
 
 def _require_serve():
@@ -45,8 +54,22 @@ def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_r
         def __init__(self) -> None:
             self.model = RewardModel.from_pretrained(bundle, settings=settings)  # before Serve routes traffic here
 
+        @serve.multiplexed(max_num_models_per_replica=4096)
+        async def hold(self, ref: str) -> str:
+            """Registers ``ref`` as held here (the proxy routes its later requests to this replica)."""
+            return ref
+
         def __serve_build_asgi_app__(self):
-            return create_app(self.model, config)
+            app = create_app(self.model, config)
+            replica = self
+
+            @app.middleware("http")
+            async def route_by_context(request, call_next):
+                if request.headers.get(ROUTE_HEADER):
+                    await replica.hold(serve.get_multiplexed_model_id())
+                return await call_next(request)
+
+            return app
 
     return NvrmReplica.bind()
 

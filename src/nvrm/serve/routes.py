@@ -81,14 +81,26 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         keyed = role == "context" and state.cache.enabled
         return to_media(video, state.config.allow_dirs, where, body.parts, limits, keyed=keyed, role=role, contract=state.model.contract, store=state.store)
 
+    def context(video, where: str):
+        m = media(video, where, "context")
+        # an inline sampled clip or video bytes is kept under its content hash: later requests (from any
+        # client) name it by ref, and share its prepared frames and prefill with this one
+        inline = video.times is not None or video.data is not None or (video.part is not None and video.fps is None)
+        if inline and state.store.max_bytes > 0:
+            ref, kept, size = stored(m, state.model.contract.fingerprint)
+            if not state.store.holds(ref) and state.store.put(ref, kept, size):
+                state.metrics.context_kept.inc()
+            m = kept
+        return m
+
     if kind == "score":
         items = [
-            (it.prompt, media(it.context, f"items[{i}].context", "context"), media(it.candidate, f"items[{i}].candidate"))
+            (it.prompt, context(it.context, f"items[{i}].context"), media(it.candidate, f"items[{i}].candidate"))
             for i, it in enumerate(req.items)  # type: ignore[union-attr]
         ]
         work = Work(kind, req.exact, items=items)
     else:
-        group = (req.prompt, media(req.context, "context", "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
+        group = (req.prompt, context(req.context, "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
     work.hash_seconds = HASH_SECONDS.value
     work.cpu_seconds = time.thread_time() - cpu0 - work.hash_seconds
@@ -172,7 +184,7 @@ def install(app: FastAPI, state) -> None:
         except InputError as e:
             metrics.rejected.labels(reason="bad_request").inc()
             return json_error(400, "bad_request", str(e))
-        metrics.context_uploads.inc()
+        metrics.context_kept.inc()
         return answer
 
     @app.get("/v1/contexts/{ref}", summary="Whether this server holds an uploaded context (404 if not)", responses={404: {"model": ErrorResponse}})

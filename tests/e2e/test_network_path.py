@@ -1,0 +1,128 @@
+"""The network path: sample before upload, contexts by content hash, one upload per context.
+
+A server on loopback; clients with the defaults (sampling before upload, context refs) against
+clients that send everything whole. Rewards must be equal; bytes must drop by the frame ratio.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from helpers import Server
+from nvrm import Clip
+from nvrm.client import RewardClient
+from nvrm.protocol import context_ref, npy_bytes
+from nvrm.synth.clips import moving_square
+
+CTX = Clip(moving_square(24, 64, 96, seed=1), fps=4)
+# a flow-GRPO group: 81 frames at 16 fps (5.06 s), of which the contract uses 5
+GROUP = [Clip(moving_square(81, 64, 96, seed=10 + i, speed=1 + i % 3), fps=16) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundle):
+    s = Server(tiny_bundle, "--max-wait-ms", 10)
+    yield s
+    s.stop()
+
+
+def metrics(server) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith("nvrm_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def sent(server, endpoint: str) -> float:
+    return metrics(server).get(f'nvrm_request_bytes_total{{endpoint="{endpoint}"}}', 0.0)
+
+
+def test_info_publishes_the_time_plan(server, model):
+    info = httpx.get(server.url + "/v1/info").json()["contract"]
+    assert info["contract_fields_fingerprint"] == model.contract.fingerprint
+    assert info["sampling"] == {"sample_fps": 1.0, "candidate_seconds": 5.0, "candidate_frames": 5, "max_context_frames": None, "short_candidates": False}
+
+
+def test_a_group_uploads_over_ten_times_fewer_bytes_with_equal_rewards(server, model):
+    whole = RewardClient(server.url, presample=False, context_refs=False)
+    before = sent(server, "group")
+    want = [r.reward for r in whole.score_group("p", CTX, GROUP)]
+    whole_bytes = sent(server, "group") - before
+
+    lean = RewardClient(server.url)
+    before, up_before = sent(server, "group"), sent(server, "contexts")
+    got = lean.score_group("p", CTX, GROUP)
+    lean_bytes = sent(server, "group") - before + sent(server, "contexts") - up_before
+    assert [r.reward for r in got] == want == [r.reward for r in model.score_group("p", CTX, GROUP)]
+    assert [r.candidate_times for r in got] == [r.candidate_times for r in model.score_group("p", CTX, GROUP)]
+    assert whole_bytes / lean_bytes >= 10, (whole_bytes, lean_bytes)
+
+
+def test_a_context_shared_by_clients_is_uploaded_once(server):
+    ctx = Clip(moving_square(16, 64, 96, seed=77), fps=4)  # new to this server
+    m0 = metrics(server)
+    before_bytes = sent(server, "group")
+    rewards = [[r.reward for r in RewardClient(server.url).score_group("q", ctx, GROUP[:2])] for _ in range(3)]
+    m1 = metrics(server)
+    assert rewards[0] == rewards[1] == rewards[2]
+    kept = m1.get("nvrm_context_store_puts_total", 0) - m0.get("nvrm_context_store_puts_total", 0)
+    hits = m1.get('nvrm_context_store_total{result="hit"}', 0) - m0.get('nvrm_context_store_total{result="hit"}', 0)
+    ctx_bytes = len(npy_bytes(ctx.numpy()[::4]))  # the 4 sampled context frames
+    sent_bytes = (sent(server, "group") - before_bytes)
+    assert kept == 1 and hits >= 4  # sent inline once; clients 2 and 3 asked for it and named it by ref
+    cand_bytes = len(npy_bytes(GROUP[0].take([0] * 5)))
+    assert sent_bytes < 3 * 2 * cand_bytes + 2 * ctx_bytes  # the context's frames travelled once, not three times
+    assert m1["nvrm_context_store_bytes"] > 0
+
+
+def post_frames(server, path: str, payload: dict, frames) -> httpx.Response:
+    """A multipart request whose part "f" holds ``frames`` as .npy."""
+    files = [("request", (None, json.dumps(payload), "application/json")), ("f", ("f", npy_bytes(frames), "application/octet-stream"))]
+    return httpx.post(server.url + path, files=files)
+
+
+def test_refused_samples_and_unknown_refs_are_clear_errors(server, model):
+    frames = GROUP[0].take([0, 16, 32, 48, 64])
+    times = [0.0, 1.0, 2.0, 3.0, 4.0]
+    fp = model.contract.fingerprint
+    ctx = {"part": "f", "times": times, "sampled": fp}
+    r = post_frames(server, "/v1/score_group", {"prompt": "p", "context": ctx, "candidates": [{"part": "f", "times": times, "sampled": "0" * 64}]}, frames)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "contract_mismatch" and "/v1/info" in r.json()["error"]["message"]
+    ref = context_ref(fp, data=b"never uploaded")
+    r = httpx.post(server.url + "/v1/score_group", json={"prompt": "p", "context": {"ref": ref}, "candidates": [{"path": "/x.mp4"}]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "context_unknown"
+    assert httpx.get(server.url + f"/v1/contexts/{ref}").status_code == 404
+    up = post_frames(server, "/v1/contexts", {"context": ctx}, frames)
+    assert up.status_code == 200 and up.json()["ref"] == context_ref(fp, frames=frames, times=times)  # the same hash on both sides
+    assert httpx.get(server.url + f"/v1/contexts/{up.json()['ref']}").status_code == 200
+    four = {"prompt": "p", "context": {"ref": up.json()["ref"]}, "candidates": [{"part": "f", "times": times[:4], "sampled": fp}]}
+    r = post_frames(server, "/v1/score_group", four, frames[:4])
+    assert r.status_code == 400 and "5 frames" in r.json()["error"]["message"]  # a sampled candidate has the plan's count
+    r = post_frames(server, "/v1/contexts", {"context": {"part": "f", "fps": 16.0}}, frames)
+    assert r.status_code == 400 and "sampled" in r.json()["error"]["message"]  # raw frames are not kept unsampled
+
+
+def test_an_evicted_context_is_uploaded_again(tiny_bundle):
+    s = Server(tiny_bundle, "--context-store-mb", 0.05)  # room for about two small contexts
+    try:
+        client = RewardClient(s.url)
+        ctxs = [Clip(moving_square(4, 32, 64, seed=200 + k), fps=1) for k in range(4)]
+        first = [client.score_group("p", c, GROUP[:1])[0].reward for c in ctxs]
+        again = [client.score_group("p", c, GROUP[:1])[0].reward for c in ctxs]  # the early ones were evicted
+        assert first == again
+        m = metrics(s)
+        assert m["nvrm_context_store_puts_total"] > 4 and m["nvrm_context_store_bytes"] <= 0.05 * 1024 * 1024
+    finally:
+        s.stop()
+
+
+def test_short_and_bad_clips_still_fail_in_their_own_slot(server):
+    client = RewardClient(server.url)
+    short = Clip(moving_square(30, 64, 96, seed=3), fps=16)  # 1.9 s: the client cannot sample it
+    out = client.score_group("p", CTX, [GROUP[0], short], errors="return")
+    assert out[0].reward is not None and isinstance(out[1], Exception) and "1.88 s" in str(out[1])
