@@ -13,7 +13,12 @@ Measured, each against real `nvrm serve` processes on loopback:
 - shared contexts: 8 requests with one (new) context, all at once and staggered by 0.1 s,
   cache on vs prefix cache off (--prefix-cache-mb 0) vs cache off (--context-cache-mb 0);
 - parsing cost: the server's nvrm_parse_seconds per request against the
-  contract time of the same item measured in process.
+  contract time of the same item measured in process;
+- the network path (``--network``): bytes uploaded per candidate for a flow-GRPO
+  group (8 candidates of 81 frames at 240x416, 16 fps) with the client's defaults
+  (sampling before upload, contexts by hash) against whole uploads, with the
+  rewards compared; 8 concurrent clients sharing one context against 8 with
+  distinct contexts; and the context-store hit rate over those runs.
 Reports items/s, p50 and p99 latency per concurrency.
 """
 
@@ -79,7 +84,7 @@ class Server:
     def metric(self, name: str) -> float:
         for line in httpx.get(self.url + "/metrics").text.splitlines():
             if line.startswith(name + " "):
-                return float(line.split()[1])
+                return float(line.rsplit(" ", 1)[1])
         return 0.0
 
     def stop(self) -> None:
@@ -161,6 +166,85 @@ def shared_context(url: str, round_: int, n: int = 8, stagger_s: float = 0.0) ->
     return time.perf_counter() - t
 
 
+def group_bytes(server: "Server", n: int = 8) -> dict:
+    """Bytes a client sends for one flow-GRPO group: whole clips vs the defaults; rewards must agree."""
+    from nvrm.synth.clips import moving_square
+
+    ctx = Clip(moving_square(40, 240, 416, seed=1), fps=8.0, name="context")
+    cands = [Clip(moving_square(81, 240, 416, seed=10 + i, speed=1 + i % 3), fps=16.0, name=f"cand{i}") for i in range(n)]
+    out = {}
+    for label, kw in (("whole", {"presample": False, "context_refs": False}), ("first request", {}), ("later request", {})):
+        c = RewardClient(server.url, **kw) if label != "later request" else out["_client"]
+        before = server.metric('nvrm_request_bytes_total{endpoint="group"}') + server.metric('nvrm_request_bytes_total{endpoint="contexts"}')
+        rewards = [r.reward for r in c.score_group(PROMPT, ctx, cands)]
+        sent = server.metric('nvrm_request_bytes_total{endpoint="group"}') + server.metric('nvrm_request_bytes_total{endpoint="contexts"}') - before
+        out[label] = {"bytes_per_candidate": sent / n, "rewards": rewards}
+        out["_client"] = c
+    out.pop("_client")
+    whole = out["whole"]
+    return {
+        "workload": f"group of {n}: 81 frames 240x416 at 16 fps each, context 40 frames at 8 fps",
+        "bytes_per_candidate": {k: v["bytes_per_candidate"] for k, v in out.items()},
+        "reduction_first_request": whole["bytes_per_candidate"] / out["first request"]["bytes_per_candidate"],
+        "reduction_later_request": whole["bytes_per_candidate"] / out["later request"]["bytes_per_candidate"],
+        "rewards_equal": out["first request"]["rewards"] == whole["rewards"] == out["later request"]["rewards"],
+    }
+
+
+def eight_clients(url: str, round_: int, shared: bool, n: int = 8, stagger_s: float = 0.0) -> float:
+    """Seconds until n concurrent clients (one request each) are answered: one shared context, or n distinct.
+    With ``stagger_s`` client i starts i * stagger_s after the first."""
+    ctxs = [Clip(frames(10, 20_000 + 100 * round_ + (0 if shared else i)), 1.0, name="ctx") for i in range(n)]
+    cands = [Clip(frames(5, 300 + i), 1.0) for i in range(n)]
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        c = RewardClient(url)
+        barrier.wait()
+        time.sleep(i * stagger_s)
+        c.score(PROMPT, ctxs[i], cands[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
+
+
+def network(bundle: Path, tmp: Path) -> dict:
+    s = Server(bundle, log_dir=tmp)
+    try:
+        report = {"group_upload": group_bytes(s)}
+        eight_clients(s.url, 0, True)  # warm-up
+
+        def store() -> tuple[float, float, float]:
+            return (s.metric('nvrm_context_store_total{result="hit"}'), s.metric('nvrm_context_store_total{result="miss"}'),
+                    s.metric("nvrm_context_store_puts_total"))
+
+        a = store()
+        shared = [eight_clients(s.url, r, True) for r in range(1, 4)]
+        b = store()
+        staggered = [eight_clients(s.url, r, True, stagger_s=STAGGER_S) for r in range(4, 7)]
+        c = store()
+        distinct = [eight_clients(s.url, r, False) for r in range(7, 10)]
+        report["eight_clients_s"] = {"shared context": min(shared), "distinct contexts": min(distinct), "runs": {"shared": shared, "distinct": distinct}}
+        report["shared_vs_distinct_speedup"] = min(distinct) / min(shared)
+        report["eight_clients_staggered_s"] = {"stagger_s": STAGGER_S, "shared context": min(staggered), "runs": staggered}
+
+        def rate(x, y):
+            hits, misses, puts = (q - p for p, q in zip(x, y))
+            return {"hits": hits, "misses": misses, "hit_rate": hits / max(hits + misses, 1), "contexts_sent_inline_or_uploaded": puts}
+
+        # lookups are the presence checks of clients new to a context and the requests that name it by ref;
+        # clients that all start at once cannot know of each other, so each sends the context once
+        report["context_store"] = {"shared, all at once (3 rounds)": rate(a, b), f"shared, staggered {STAGGER_S} s (3 rounds)": rate(b, c)}
+        return report
+    finally:
+        s.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--arch", default="mid", choices=["tiny", "mid", "4b"])
@@ -170,6 +254,8 @@ def main() -> None:
     p.add_argument("--shared-only", action="store_true", help="only the shared-context comparison")
     p.add_argument("--no-shared", action="store_true", help="skip the shared-context comparison (three more server starts)")
     p.add_argument("--transports", default="json,binary", help="comma-separated: json, binary")
+    p.add_argument("--network", action="store_true", help="also the network path: upload bytes, shared vs distinct contexts, store hit rate")
+    p.add_argument("--network-only", action="store_true", help="only the network path")
     args = p.parse_args()
     transports = [t.strip() for t in args.transports.split(",")]
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -202,6 +288,11 @@ def main() -> None:
         "rows": [],
     }
     with tempfile.TemporaryDirectory(prefix="nvrm-serve-load-") as tmp:
+        if args.network or args.network_only:
+            report["network"] = network(bundle, Path(tmp))
+            print(json.dumps(report["network"], indent=1), flush=True)
+        if args.network_only:
+            args.shared_only, args.no_shared = True, True
         for label, extra in (() if args.shared_only else (("batching on", ()), ("batching off", ("--max-batch-items", "1")))):
             s = Server(bundle, *extra, log_dir=Path(tmp))
             try:
