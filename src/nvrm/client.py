@@ -35,6 +35,7 @@ Per-item errors come back as ``RemoteItemError`` (or are raised, with
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import OrderedDict
 from typing import Any, Literal, Sequence
@@ -219,11 +220,13 @@ class RewardClient:
         if response.status_code in RETRY_STATUS:
             ra = response.headers.get("retry-after", "")
             raise _Retryable(self._failure(response), float(ra) if ra.replace(".", "", 1).isdigit() else None)
-        if response.status_code == 422:  # every item failed on its input: still per-item results
-            return response.json()
-        if response.status_code >= 400:
+        if response.status_code >= 400 and response.status_code != 422:  # 422: every item failed on its input, same body
             raise self._failure(response)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise ServiceError(f"service answered {response.status_code} with {kind}, not JSON: {response.text[:120]!r}", response.status_code) from None
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         if self._sync is None:
@@ -367,6 +370,11 @@ class RewardClient:
         for i, r in enumerate(response.results):
             if isinstance(r, ItemError):
                 err = RemoteItemError(i, r.error.code, r.error.message)
+                if errors == "raise":
+                    raise err
+                out.append(err)
+            elif not math.isfinite(r.reward):  # never pass a non-finite number off as a reward
+                err = RemoteItemError(i, "internal", f"the service returned a non-finite reward ({r.reward!r})")
                 if errors == "raise":
                     raise err
                 out.append(err)
