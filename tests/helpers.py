@@ -26,7 +26,7 @@ def echo_job(state, value):
     return value, os.getpid()
 
 
-# The drift bounds live in nvrm.numerics (measured by bench/drift_sweep.py; README "Fidelity").
+# The drift bounds live in nvrm.numerics (measured by benchmarks/drift_sweep.py; README "Fidelity").
 GROUP_ULPS = GROUP_DRIFT_ULPS
 BATCH_ULPS = BATCH_DRIFT_ULPS
 

@@ -11,7 +11,7 @@ AVX2 machine and an Intel AVX-512 one. The promises are therefore:
 - ``score_group`` and ``score_batch`` differ from ``score`` by at most
   ``GROUP_DRIFT_ULPS`` and ``BATCH_DRIFT_ULPS`` bf16 ulps, bounds measured over
   a sweep of capabilities, thread counts and inputs (README, "Fidelity";
-  ``bench/drift_sweep.py``; BENCHMARKS.md, "Drift sweep").
+  ``benchmarks/drift_sweep.py``; BENCHMARKS.md, "Drift sweep").
 """
 
 from __future__ import annotations

@@ -23,21 +23,21 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, Union
 
 import torch
 
-from .batching import plan_batches
+from .forward.batching import plan_batches
 from .bundle import load_backbone, load_head, load_processor, preprocessing_fingerprint, read_config, resolve_bundle, verify_bundle
 from .contract import Contract
 from .engine import Engine, PreparedGroup, PreparedItem, RopeSpec
 from .engine.encode import Encoded, encode_item
 from .errors import InputError, InternalError, NvrmError
-from .group import Prefix, prefill, score_suffixes
+from .forward.prefix import Prefix, prefill, score_suffixes
 from .inputs import PreparedVideo, VideoInput
 from .limits import Limits
 from .numerics import ensure_cpu_sdpa
-from .model import DTYPES, RewardHead, collate, enable_packing, forward_rewards
+from .forward.model import DTYPES, RewardHead, collate, enable_packing, forward_rewards
 from .report.ranking import sigmoid
 from .results import ScoreResult
 from .settings import LoadSettings
-from .vision import VisionEncoder
+from .forward.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class RewardModel:
         self.max_batch_tokens = self.settings.max_batch_tokens or default_batch_tokens(device, backbone.config)
         attn = getattr(backbone.visual.config, "_attn_implementation", "sdpa")
         self.packed = enable_packing(backbone)
-        """Batches run packed (``nvrm.model``): on with plain SDPA attention."""
+        """Batches run packed (``nvrm.forward.model``): on with plain SDPA attention."""
         self.vision = VisionEncoder(backbone.visual) if attn in ("sdpa", "flash_attention_2") else None
         self._owns_engine = engine is None
         self.engine = engine or Engine(
@@ -553,7 +553,9 @@ class RewardModel:
                 rewards: list[Any] = self._exact_group(group, slots)
             else:
                 if prefix is None or not prefix.matches(enc):
-                    prefix = prefill(self.backbone, enc, device=self.device, vision=self.vision)
+                    prefix = Prefix.of(enc)
+                norm = self.contract.normalize_hidden
+                done = {r: prefill(self.backbone, self.head, prefix, enc, r, device=self.device, vision=self.vision, normalize_hidden=norm) for r in prefix.missing(enc)}
                 rewards = score_suffixes(
                     self.backbone,
                     self.head,
@@ -562,7 +564,8 @@ class RewardModel:
                     device=self.device,
                     max_batch_tokens=self.max_batch_tokens,
                     vision=self.vision,
-                    normalize_hidden=self.contract.normalize_hidden,
+                    normalize_hidden=norm,
+                    done=done,
                 )
         except NvrmError as e:
             rewards = [e] * len(slots)

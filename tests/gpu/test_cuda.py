@@ -1,4 +1,4 @@
-"""Real CUDA behaviour: run by bench/gpu.sh on a GPU machine, skipped everywhere else."""
+"""Real CUDA behaviour: run by benchmarks/gpu.sh on a GPU machine, skipped everywhere else."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from helpers import BATCH_ULPS, GROUP_ULPS, bf16_ulp, ulps
 from nvrm import Clip, RewardModel
-from nvrm.model import to_device
+from nvrm.forward.model import to_device
 from nvrm.synth.clips import moving_square
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -1,5 +1,5 @@
 """At the release's depth (36 text layers, narrow), group and batch scoring agree with score()
-within the bounds of nvrm.numerics (measured by bench/drift_sweep.py), packed batches are
+within the bounds of nvrm.numerics (measured by benchmarks/drift_sweep.py), packed batches are
 bit-identical on the CPU, and exact=True is bit-identical."""
 
 from __future__ import annotations
@@ -34,5 +34,6 @@ def test_deep_group_and_batch_within_the_measured_tolerance(deep, k):
     assert max(ulps(s, b) for s, b in zip(single, batch)) <= BATCH_ULPS
     if deep.packed and deep.device.type == "cpu":
         assert batch == single  # packed rows run the same kernels as score()
+        assert group == single  # the prefix KV comes from a sequence of each candidate's own length
     assert [r.reward for r in deep.score_group(prompt, ctx, cands, exact=True)] == single
     assert [r.reward for r in deep.score_batch([(prompt, ctx, c) for c in cands], exact=True)] == single

@@ -12,7 +12,7 @@ from PIL import Image
 from helpers import echo_job, exit_job, exit_once_job
 from nvrm import Clip, Contract, ContractError, InputError
 from nvrm.engine import Engine, PixelCodec
-from nvrm.engine.jobs import to_numpy, to_torch
+from nvrm.engine.workers import to_numpy, to_torch
 from nvrm.engine.workers import Workers
 from nvrm.errors import InternalError
 from nvrm.inputs import prepare_input

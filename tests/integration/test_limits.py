@@ -56,7 +56,7 @@ def test_a_megabyte_prompt_is_refused_without_tokenising_it(model, monkeypatch):
     real = type(tok).__call__
     monkeypatch.setattr(type(tok), "__call__", lambda self, *a, **k: calls.append(len(a[0]) if a else 0) or real(self, *a, **k))
     with pytest.raises(LimitError, match=r"prompt: has \d+ tokens, over the limit max_prompt_tokens=4096"):
-        model.engine._workers.run_inline(__import__("nvrm.engine.jobs", fromlist=["item_job"]).item_job, "word " * 200_000, CAND, CAND)
+        model.engine._workers.run_inline(__import__("nvrm.engine.tasks", fromlist=["item_job"]).item_job, "word " * 200_000, CAND, CAND)
     assert not any(n > 100_000 for n in calls)  # the megabyte was never handed to the tokenizer
 
 

@@ -7,7 +7,7 @@ import torch
 
 from nvrm import Clip
 from nvrm.synth.clips import moving_square, write_video
-from nvrm.engine.jobs import item_job
+from nvrm.engine.tasks import item_job
 from nvrm.reference import ReferenceScorer, reference_images
 from nvrm.numerics import BATCH_DRIFT_ULPS, bf16_ulp, ulps
 
@@ -54,7 +54,7 @@ def test_processor_gets_contract_pixel_bounds(model):
 
 
 def test_packed_batch_equals_single(model):
-    """Packed batches (nvrm.model) run every row's attention alone: on the CPU, bit-identical to score."""
+    """Packed batches (nvrm.forward.model) run every row's attention alone: on the CPU, bit-identical to score."""
     items = [(f"prompt {i}", Clip(moving_square(4 * t, *size, seed=10 + i), fps=4), Clip(moving_square(24, *size, seed=20 + i, speed=5), fps=4))
              for i, (t, size) in enumerate([(3, (64, 80)), (9, (96, 128)), (1, (48, 200)), (6, (120, 90))])]
     assert model.packed

@@ -14,7 +14,7 @@ from PIL import Image
 
 from helpers import release_files
 from nvrm import Clip, InputError, RewardModel
-from nvrm.engine.jobs import item_job
+from nvrm.engine.tasks import item_job
 from nvrm.prompt import images_kwargs, render
 from nvrm.reference import ReferenceScorer
 from nvrm.synth.bundles import ArchSpec, build_release_bundle

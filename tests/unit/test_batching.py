@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from nvrm.batching import plan_batches
+from nvrm.forward.batching import plan_batches
 
 
 @pytest.mark.parametrize("seed", range(5))

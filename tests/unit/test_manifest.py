@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from nvrm import InputError
-from nvrm.jobs.engine import LocalExecutor
+from nvrm.jobs.runner import LocalExecutor
 from nvrm.jobs.manifest import ManifestRow, RowProblem, parse_line, pending, read_job_manifest
 
 BASE = Path("/data/m")

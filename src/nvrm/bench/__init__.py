@@ -6,10 +6,10 @@
 - ``vision``: the vision path before and after batching its attention.
 """
 
-from .common import clean_json
-from .engine import format_engine, run_engine
+from .harness import clean_json
+from .preprocessing import format_engine, run_engine
 from .files import format_table, run_bench
 from .rl import format_rl, run_rl
-from .vision import format_vision, run_vision
+from .vision_tower import format_vision, run_vision
 
 __all__ = ["run_bench", "format_table", "run_rl", "format_rl", "run_engine", "format_engine", "run_vision", "format_vision", "clean_json"]

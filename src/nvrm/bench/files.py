@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import PeakMemory, build_bench_bundle, device_name, timed
+from .harness import PeakMemory, build_bench_bundle, device_name, timed
 
 
 @dataclass

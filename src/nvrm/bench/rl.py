@@ -28,7 +28,7 @@ import torch
 
 from ..engine.jobs import encode_video
 from ..inputs import Clip, prepare_input
-from .common import build_bench_bundle, device_name, forward_flops, peak_tflops, timed
+from .harness import build_bench_bundle, device_name, forward_flops, peak_tflops, timed
 
 CANDIDATE_SECONDS = 5
 

@@ -13,7 +13,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import bench, commands, demo, jobs, probe, serve, train
+from . import bench, bulk, commands, demo, probe, serve, train
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -21,9 +21,9 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("frames", "write the exact frames the model sees", commands.add_frames_args, commands.run_frames),
     ("verify", "check a bundle against its manifest", commands.add_verify_args, commands.run_verify),
     ("download", "download a bundle from the Hugging Face Hub", commands.add_download_args, commands.run_download),
-    ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", jobs.add_batch_args, jobs.run_batch),
-    ("rank", "rank candidates for one context (optionally as an HTML report)", jobs.add_rank_args, jobs.run_rank),
-    ("eval", "pairwise accuracy on preference pairs, with a plot", jobs.add_eval_args, jobs.run_eval),
+    ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", bulk.add_batch_args, bulk.run_batch),
+    ("rank", "rank candidates for one context (optionally as an HTML report)", bulk.add_rank_args, bulk.run_rank),
+    ("eval", "pairwise accuracy on preference pairs, with a plot", bulk.add_eval_args, bulk.run_eval),
     ("probe", "score candidates under a battery of perturbations and flag potential reward hacks", probe.add_args, probe.run),
     ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
     ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),

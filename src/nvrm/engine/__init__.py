@@ -6,6 +6,6 @@
 from .codec import PixelCodec
 from .core import Engine, PreparedGroup
 from .encode import Encoded, GroupEncoded, RopeSpec
-from .jobs import PreparedItem
+from .tasks import PreparedItem
 
 __all__ = ["Engine", "PreparedGroup", "PreparedItem", "Encoded", "GroupEncoded", "RopeSpec", "PixelCodec"]

@@ -74,17 +74,10 @@ class PixelCodec:
         return torch.from_numpy(np.concatenate(parts)), torch.tensor(grids, dtype=torch.long)
 
     def to_pixel_values(self, patches: torch.Tensor) -> torch.Tensor:
-        """uint8 [N, C*ps*ps] -> float32 [N, C*T*ps*ps], exactly the processor's values.
+        """uint8 [N, C*ps*ps] -> float32 [N, C*T*ps*ps], exactly the processor's values (``nvrm.forward.pixels``)."""
+        from ..forward.pixels import to_pixel_values
 
-        Runs wherever ``patches`` lives (the model's device, after the upload).
-        """
-        n = patches.shape[0]
-        x = patches.view(n, 3, self.patch_size * self.patch_size).to(torch.float32)
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, 3, 1)
-        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, 3, 1)
-        x = (x - mean) / std
-        t = self.temporal_patch_size
-        return x.unsqueeze(2).expand(n, 3, t, x.shape[-1]).reshape(n, 3 * t * self.patch_size * self.patch_size)
+        return to_pixel_values(patches, self)
 
     @classmethod
     def for_processor(cls, processor, min_pixels: int, max_pixels: int) -> "PixelCodec | None":

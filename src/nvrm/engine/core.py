@@ -27,7 +27,7 @@ from ..inputs import PreparedVideo, presample
 from ..limits import Limits
 from .codec import PixelCodec
 from .encode import GroupEncoded, RopeSpec
-from .jobs import PreparedItem, encode_video, group_job, item_job, video_job
+from .tasks import PreparedItem, encode_video, group_job, item_job, video_job
 from .workers import WorkerKind, Workers, WorkerSpec, unexpected
 
 

@@ -25,6 +25,7 @@ import torch
 
 from ..contract import Contract
 from ..prompt import render
+from ..forward.pixels import to_pixel_values  # noqa: F401 - the engine's callers find it here
 from .codec import PixelCodec
 
 
@@ -138,11 +139,6 @@ class GroupEncoded:
         )
 
 
-def to_pixel_values(pixels: torch.Tensor, codec: PixelCodec | None) -> torch.Tensor:
-    """Pixels as shipped -> the processor's float32 values (on ``pixels``' device)."""
-    if codec is None or pixels.dtype != torch.uint8:
-        return pixels
-    return codec.to_pixel_values(pixels)
 
 
 def expand_image_tokens(text: str, grids: torch.Tensor, image_token: str, merge: int) -> str:

@@ -17,6 +17,7 @@ slot, and nothing else is lost.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -25,6 +26,9 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
+
+import numpy as np
+import torch
 
 from ..contract import Contract
 from ..errors import InternalError, NvrmError
@@ -83,7 +87,6 @@ def _init_process(spec: WorkerSpec) -> None:
 
 
 def _run_in_process(fn: Callable[..., Any], args: tuple) -> Any:
-    from .jobs import to_numpy
 
     assert _PROCESS_STATE is not None, "worker process was not initialised"
     return to_numpy(fn(_PROCESS_STATE, *args))
@@ -186,7 +189,6 @@ class Workers:
             if e is not None:
                 out.set_exception(e)
             else:
-                from .jobs import to_torch
 
                 out.set_result(to_torch(f.result()))
 
@@ -216,3 +218,31 @@ def unexpected(e: BaseException) -> NvrmError:
         return e
     log.warning("unexpected error while preparing an input", exc_info=e)
     return InternalError.wrap(e)
+
+
+# ---------------------------------------------------------------- process boundary
+
+
+def to_numpy(obj: Any) -> Any:
+    """Tensors inside a job result -> NumPy arrays (pickled as plain bytes between processes)."""
+    return _map(obj, lambda t: t.numpy() if isinstance(t, torch.Tensor) else t)
+
+
+def to_torch(obj: Any) -> Any:
+    """The inverse of ``to_numpy`` (zero-copy)."""
+    return _map(obj, lambda t: torch.from_numpy(t) if isinstance(t, np.ndarray) else t)
+
+
+def _map(obj: Any, fn) -> Any:
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, (torch.Tensor, np.ndarray)) or dataclasses.is_dataclass(value):
+                changes[f.name] = _map(value, fn)
+            elif isinstance(value, list) and value and isinstance(value[0], (torch.Tensor, np.ndarray)):
+                changes[f.name] = [fn(v) for v in value]
+        return dataclasses.replace(obj, **changes) if changes else obj
+    return obj

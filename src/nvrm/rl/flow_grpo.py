@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .common import check_items, off_contract, score_call, video_of
+from .calls import check_items, off_contract, score_call, video_of
 from .policy import FailurePolicy, Normalize, SignalMonitor
 from .scorer import RewardSource, is_url
 

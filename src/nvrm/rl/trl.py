@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from .common import check_items, completion_as_path, off_contract, score_call, text_of
+from .calls import check_items, completion_as_path, off_contract, score_call, text_of
 from .policy import FailurePolicy, Normalize, SignalMonitor
 from .render import render_all, resolve, row_of
 from .scorer import RewardSource

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nvrm.rl.common import refuse_unknown
+from nvrm.rl.calls import refuse_unknown
 from nvrm.rl.verl_scorer import _LOAD_KEYS, VERL_EXTRAS, VerlScorer, VerlSettings, scorer_for
 from nvrm.errors import ConfigError
 

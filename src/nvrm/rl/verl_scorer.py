@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..errors import ConfigError, RewardFnError
-from .common import check_items, completion_as_path, off_contract, prompt_groups, refuse_unknown, score_call
+from .calls import check_items, completion_as_path, off_contract, prompt_groups, refuse_unknown, score_call
 from .policy import FailurePolicy, SignalMonitor
 from .render import render_all, resolve, row_of
 from .scorer import RewardSource, registry

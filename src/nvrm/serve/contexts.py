@@ -76,7 +76,7 @@ class ContextCache:
 
 def prefix_bytes(prefix) -> int:
     """Device memory a prefilled prefix holds: its per-layer keys and values."""
-    return sum(t.numel() * t.element_size() for kv in prefix.kv for t in kv)
+    return sum(t.numel() * t.element_size() for layers in prefix.kv.values() for kv in layers for t in kv)
 
 
 class PrefixCache:

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..batching import plan_batches
+from ..forward.batching import plan_batches
 from ..engine import PreparedGroup
 from ..engine.encode import GroupEncoded
 from ..engine.workers import unexpected

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, NvrmError
-from ..model import DTYPES, RewardHead
+from ..forward.model import DTYPES, RewardHead
 from ..pairs import Pair, PairProblem, read_pairs
 from ..report.evaluate import PairOutcome, summarize
 from ..scoring import RewardModel, default_device

@@ -1,6 +1,6 @@
 """Rows/s of `nvrm batch` on this machine: single process vs Ray with 1 and 2 replicas.
 
-    .venv/bin/python bench/ray_batch.py [--rows 48]
+    .venv/bin/python benchmarks/ray_batch.py [--rows 48]
 
 Same manifest (single-candidate rows over 320x240 24 fps H.264 clips, tiny
 random bundle), same output rows; Ray runs on a local cluster with

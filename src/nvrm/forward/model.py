@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from .engine.codec import PixelCodec
-from .engine.encode import Encoded, to_pixel_values
+from .pixels import to_pixel_values
+
+PixelCodec = Any
+"""The engine's ``PixelCodec`` (only its numbers are read: ``nvrm.forward.pixels``)."""
+Encoded = Any
+"""An encoded item from the engine: ``input_ids``, ``positions``, ``pixels``, ``image_grid_thw``, ``num_tokens``."""
 
 PACKED_ATTENTION = "nvrm_packed_sdpa"
 """The language model's attention implementation when packing is on: SDPA, run per packed item."""

@@ -10,8 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
-import torch
 
 from ..inputs import PreparedVideo, prepare_input
 from ..prompt import check_prompt, images_kwargs
@@ -70,31 +68,3 @@ def group_job(state: WorkerState, prompt: str, context: PreparedVideo, candidate
         state.contract,
         state.codec,
     )
-
-
-# ---------------------------------------------------------------- process boundary
-
-
-def to_numpy(obj: Any) -> Any:
-    """Tensors inside a job result -> NumPy arrays (pickled as plain bytes between processes)."""
-    return _map(obj, lambda t: t.numpy() if isinstance(t, torch.Tensor) else t)
-
-
-def to_torch(obj: Any) -> Any:
-    """The inverse of ``to_numpy`` (zero-copy)."""
-    return _map(obj, lambda t: torch.from_numpy(t) if isinstance(t, np.ndarray) else t)
-
-
-def _map(obj: Any, fn) -> Any:
-    if isinstance(obj, (torch.Tensor, np.ndarray)):
-        return fn(obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if isinstance(value, (torch.Tensor, np.ndarray)) or dataclasses.is_dataclass(value):
-                changes[f.name] = _map(value, fn)
-            elif isinstance(value, list) and value and isinstance(value[0], (torch.Tensor, np.ndarray)):
-                changes[f.name] = [fn(v) for v in value]
-        return dataclasses.replace(obj, **changes) if changes else obj
-    return obj

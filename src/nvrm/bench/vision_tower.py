@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from ..prompt import images_kwargs
-from .common import build_bench_bundle, device_name, sync
+from .harness import build_bench_bundle, device_name, sync
 
 
 def _best(fn, device, repeats: int) -> float:

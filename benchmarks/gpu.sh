@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements, as one script for the bare, offline H200 machine (see ../shared/notes/gpu.md).
 #
-#   here:    bash bench/fetch_wheels.sh        # once: the pinned wheels into .whl/ (git-ignored)
-#   device:  run(command="bash bench/gpu.sh", carry=[".whl"], timeout_s=540)
-#   CPU dry run (no install, tiny model):  ARCH=tiny GS=2,4 NGROUPS=2 SIZE=96x128 OUT=/tmp/gpu-dry PY=.venv/bin/python bash bench/gpu.sh
+#   here:    bash benchmarks/fetch_wheels.sh        # once: the pinned wheels into .whl/ (git-ignored)
+#   device:  run(command="bash benchmarks/gpu.sh", carry=[".whl"], timeout_s=540)
+#   CPU dry run (no install, tiny model):  ARCH=tiny GS=2,4 NGROUPS=2 SIZE=96x128 OUT=/tmp/gpu-dry PY=.venv/bin/python bash benchmarks/gpu.sh
 #
 # Every step writes its JSON under $OUT as soon as it finishes and has its own time limit,
 # so a step that runs long still leaves the others' results. The whole run, wheel install
@@ -78,7 +78,7 @@ say "gpu tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))"
 LEFT=$((510 - SECONDS))
 if [ "$LEFT" -gt 60 ]; then
   say "step serve (limit ${LEFT}s)"
-  timeout "$LEFT" "$PY" bench/serve_load.py --arch "$ARCH" --concurrency 32 --requests 64 --transports binary --no-shared \
+  timeout "$LEFT" "$PY" benchmarks/serve_load.py --arch "$ARCH" --concurrency 32 --requests 64 --transports binary --no-shared \
     --json "$OUT/serve.json" >"$OUT/serve.txt" 2>>"$LOG"
   say "step serve: exit $?"
 else

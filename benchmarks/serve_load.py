@@ -1,6 +1,6 @@
 """Load benchmark for `nvrm serve`, side by side in one run.
 
-    .venv/bin/python bench/serve_load.py [--arch tiny|mid|4b] [--concurrency 1,8,32,64] [--requests 64] [--json out.json]
+    .venv/bin/python benchmarks/serve_load.py [--arch tiny|mid|4b] [--concurrency 1,8,32,64] [--requests 64] [--json out.json]
         [--transports json,binary] [--shared-only | --no-shared]
 
 Workload (the issue's): one item per request, frames already at 1 fps and
@@ -41,7 +41,7 @@ import httpx
 import numpy as np
 
 from nvrm import Clip
-from nvrm.bench.common import build_bench_bundle, device_name
+from nvrm.bench.harness import build_bench_bundle, device_name
 from nvrm.client import RewardClient
 
 NVRM = [sys.executable, "-c", "import sys; from nvrm.cli.main import main; sys.exit(main())"]

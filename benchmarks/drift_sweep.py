@@ -1,6 +1,6 @@
 """How far score_group and score_batch drift from score, over CPU capabilities, threads and inputs.
 
-    .venv/bin/python bench/drift_sweep.py --cases 12 --out bench/results/drift-<machine>.json
+    .venv/bin/python benchmarks/drift_sweep.py --cases 12 --out benchmarks/results/drift-<machine>.json
 
 Builds the 36-text-layer test bundle (the release's depth, narrow widths), then runs one
 subprocess per (ATEN_CPU_CAPABILITY, torch threads) this machine supports. Each scores the same
@@ -105,6 +105,8 @@ def main(argv=None) -> int:
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             res.update(capability=cap, threads=threads, seconds=round(time.perf_counter() - t0, 1))
             runs.append(res)
+            if args.out:  # after every run, so an interrupted sweep keeps what it measured
+                Path(args.out).write_text(json.dumps({"machine": machine_info(), "cases": args.cases, "partial": True, "runs": runs}, indent=1) + "\n")
             print(
                 f"{cap:8s} threads={threads}  ran as {res['machine']['cpu_capability']:7s}  group max {res['group_max_ulps']:4.1f} ulps"
                 f"  batch max {res['batch_max_ulps']:4.1f} ulps  exact identical: {res['exact_bit_identical']}  ({res['seconds']} s)",

@@ -22,7 +22,7 @@ import torch
 from ..engine import Engine
 from ..engine.jobs import encode_video
 from ..inputs import prepare_input
-from .common import build_bench_bundle, device_name
+from .harness import build_bench_bundle, device_name
 from .rl import CANDIDATE_SECONDS, make_frames
 
 

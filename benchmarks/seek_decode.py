@@ -1,6 +1,6 @@
 """Seek vs sequential decoding on the same clips, side by side in one run.
 
-    .venv/bin/python bench/seek_decode.py
+    .venv/bin/python benchmarks/seek_decode.py
 
 For each encoding (24 fps, 12 s, 320x240) it times ``read_sampled`` with the
 sequential strategy and with the default ("auto": seek when the demux index
