@@ -35,10 +35,15 @@ class InputError(NvrmError, ValueError):
         return (type(self), (self.source, self.reason, self.role))
 
     def with_role(self, role: str) -> "InputError":
-        """The same error, saying which slot (context/candidate) the input filled."""
+        """The same error (same class and fields), saying which slot (context/candidate) the input filled."""
         if self.role is not None:
             return self
-        return type(self)(self.source, self.reason, role=role)
+        import copy
+
+        e = copy.copy(self)
+        e.role = role
+        e.args = (f"{role} {self.source}: {self.reason}",)
+        return e
 
 
 class ContractError(InputError):
@@ -99,14 +104,28 @@ class RequestError(InputError):
         return (type(self), (self.source, self.reason, self.status, self.code))
 
 
-class ShuttingDown(RequestError):
+class Unavailable(NvrmError):
+    """The service could not take or finish work, through no fault of the input (an HTTP status and a code)."""
+
+    def __init__(self, where: str, reason: str, status: int = 503, code: str = "unavailable"):
+        self.source = where
+        self.reason = reason
+        self.status = status
+        self.code = code
+        super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.source, self.reason, self.status, self.code))
+
+
+class ShuttingDown(Unavailable):
     """The service is draining and takes no new work (HTTP 503, ``shutting_down``)."""
 
     def __init__(self, where: str = "request", reason: str = "the server is shutting down; retry on another replica", status: int = 503, code: str = "shutting_down"):
         super().__init__(where, reason, status, code)
 
 
-class Expired(RequestError):
+class Expired(Unavailable):
     """An item's request timed out before the item reached its forward pass (HTTP 504, ``timeout``)."""
 
     def __init__(self, where: str = "item", reason: str = "its request timed out before it was scored", status: int = 504, code: str = "timeout"):

@@ -45,9 +45,12 @@ def one_line(e: BaseException) -> str:
 
 
 def error_code(e: BaseException) -> str:
-    """The stable code of an item error: contract_violation, limit_exceeded, invalid_input, internal, error."""
-    from .errors import ContractError, InputError, InternalError, LimitError, NvrmError
+    """The stable code of an item error: contract_violation, limit_exceeded, invalid_input, internal,
+    the service's own (shutting_down, timeout), or error."""
+    from .errors import ContractError, InputError, InternalError, LimitError, NvrmError, Unavailable
 
+    if isinstance(e, Unavailable):
+        return e.code
     if isinstance(e, ContractError):
         return "contract_violation"
     if isinstance(e, LimitError):

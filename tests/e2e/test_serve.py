@@ -400,7 +400,8 @@ def test_sigterm_during_long_work_answers_json_and_exits_zero(tiny_bundle):
 
     def hit():
         big = [Clip(moving_square(5, 64, 32, seed=50 + i, speed=1 + i % 5), fps=1) for i in range(200)]
-        answer.append(httpx.post(s.url + "/v1/score_group", timeout=120, **RewardClient(s.url)._group("p", CTX, big, False)))
+        body, payload = RewardClient(s.url, presample=False, context_refs=False)._group("p", CTX, big, False)
+        answer.append(httpx.post(s.url + "/v1/score_group", timeout=120, **body.request(payload)))
 
     t = threading.Thread(target=hit)
     t.start()
@@ -412,5 +413,6 @@ def test_sigterm_during_long_work_answers_json_and_exits_zero(tiny_bundle):
     assert s.proc.wait(60) == 0, s.output()
     r = answer[0]
     assert r.headers["content-type"].startswith("application/json")
-    assert r.status_code in (200, 503) and (r.status_code == 200 or r.json()["error"]["code"] == "shutting_down")
+    # 200 candidates take far longer than the 1 s drain deadline: the open request is answered, 503
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text[:300]
     s.log.close()

@@ -11,7 +11,7 @@ from nvrm import Clip
 from nvrm.serve.contexts import ContextCache, PrefixCache
 from nvrm.serve.media import Media
 from nvrm.serve.metrics import Metrics
-from nvrm.errors import Expired, ShuttingDown
+from nvrm.errors import Expired, InputError, ShuttingDown
 from nvrm.serve.scheduler import Scheduler
 from nvrm.synth.clips import moving_square
 
@@ -108,14 +108,27 @@ def test_expired_items_are_dropped_before_their_forward(make, model, monkeypatch
     assert isinstance(fut.result(60), Expired) and calls == [] and value(metrics.expired) == 1
 
 
-def test_the_drain_deadline_answers_what_is_still_open(make):
+def test_the_drain_deadline_answers_what_is_still_open(make, model, monkeypatch):
+    import threading
+
     s, _ = make(wait_ms=0)
+    on_model, release = threading.Event(), threading.Event()
+    real = model.score_prepared_group
+
+    def stuck(*args, **kwargs):  # a forward that outlives the drain deadline
+        on_model.set()
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "score_prepared_group", stuck)
     assert s.try_admit(3)
     fut = s.submit_group("p", Media(CTX, "frames:y"), [Media(c, f"c{i}") for i, c in enumerate(CANDS[:3])], deadline=time.monotonic() + 60)
+    assert on_model.wait(60)
     s.begin_drain(0)
-    out = fut.result(60)
-    assert len(out) == 3  # a group's answer keeps its shape, whatever came first
-    assert all(isinstance(r, ShuttingDown) for r in out) or all(not isinstance(r, Exception) for r in out)
+    out = fut.result(30)
+    release.set()
+    assert len(out) == 3 and all(isinstance(r, ShuttingDown) for r in out)  # a group's answer keeps its shape
+    assert all(not isinstance(r, InputError) for r in out)  # the server's state, not the input's fault
     assert s.try_admit(1)  # requests already in flight may still be admitted while draining
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from nvrm import RewardModel
+from nvrm import InputError, RewardModel
 from nvrm.bundle import verify_bundle
 from nvrm.prefs.synthetic import MISMATCH, PHYSICS, write_task
 from nvrm.train import TrainConfig
@@ -91,7 +91,7 @@ def test_ties_train_with_the_rao_kupper_loss(tiny_bundle, task, tmp_path):
     t.train(t.load_pairs(tied, "training"))
     assert t.tau == pytest.approx(math.log(2))
     assert all(math.isfinite(x) for x in losses(tmp_path / "out"))
-    with pytest.raises(Exception, match="tie margin"):
+    with pytest.raises(InputError, match="tie_margin=0.0.*tie margin > 0"):
         make(tiny_bundle, tmp_path / "zero", epochs=1, tie_margin=0.0).train(t.load_pairs(tied, "training"))
 
 

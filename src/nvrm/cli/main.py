@@ -60,8 +60,10 @@ def _quiet_libraries(verbose: bool) -> None:
         print(f"nvrm: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
     warnings.showwarning = show
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    # libraries' deprecation chatter is not the user's to fix: silenced per library, not globally
+    for module in ("transformers", "torch", "torchvision", "accelerate", "huggingface_hub", "av", "peft", "ray", "qwen_vl_utils"):
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,12 +22,15 @@ Shapes: N patches, C channels, T temporal patch, ps patch side, m merge.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
+
+log = logging.getLogger("nvrm")
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,13 @@ class PixelCodec:
             if len(mean) != 3 or len(std) != 3:
                 return None
             codec = cls(ps, t, m, tuple(mean), tuple(std))  # type: ignore[arg-type]
-        except (AttributeError, TypeError, ValueError):
+        except (AttributeError, TypeError, ValueError) as e:
+            log.info("fast pixel codec off: the processor's settings cannot be read (%s: %s); the processor encodes", type(e).__name__, e)
             return None
-        return codec if codec._matches(processor, min_pixels, max_pixels) else None
+        if not codec._matches(processor, min_pixels, max_pixels):
+            log.info("fast pixel codec off: it does not reproduce this processor bit for bit; the processor encodes")
+            return None
+        return codec
 
     def _matches(self, processor, min_pixels: int, max_pixels: int) -> bool:
         """Bit-identity with the processor on probe frames (landscape, portrait, square)."""
@@ -108,7 +115,8 @@ class PixelCodec:
             ref = processor.image_processor(
                 images=images, return_tensors="pt", min_pixels=min_pixels, max_pixels=max_pixels
             )
-        except Exception:  # noqa: BLE001 - any failure means "use the processor itself"
+        except (AttributeError, TypeError, ValueError, RuntimeError) as e:  # this processor cannot be probed
+            log.info("fast pixel codec probe failed (%s: %s)", type(e).__name__, e)
             return False
         patches, grid = self.encode(images)
         ours = self.to_pixel_values(patches)

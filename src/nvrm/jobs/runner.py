@@ -93,7 +93,7 @@ class LocalExecutor:
             for u, results in zip(units, self.model.score_groups(stream, errors="return")):
                 done += 1
                 yield [result_row(u.row, i, r, self.meta) for i, r in zip(u.indices, results)]
-        except Exception as e:  # noqa: BLE001 - a bug in the stream must not lose the remaining rows
+        except Exception:  # noqa: BLE001 - a bug in the stream must not lose the remaining rows
             log.warning("the group stream failed; scoring the remaining groups one by one", exc_info=True)
             for u in units[done:]:
                 cands = [u.row.candidates[i] for i in u.indices]  # type: ignore[union-attr]
@@ -101,8 +101,9 @@ class LocalExecutor:
                     results = self.model.score_group(u.row.prompt, u.row.context, cands, errors="return")  # type: ignore[union-attr]
                 except NvrmError as err:
                     results = [err] * len(cands)
-                except Exception:  # noqa: BLE001
-                    results = [InternalError.wrap(e)] * len(cands)
+                except Exception as own:  # noqa: BLE001 - this group's own failure, in its own rows
+                    log.warning("group %s failed on its own as well", u.row.id, exc_info=True)  # type: ignore[union-attr]
+                    results = [InternalError.wrap(own)] * len(cands)
                 yield [result_row(u.row, i, r, self.meta) for i, r in zip(u.indices, results)]
 
     def _singles(self, units: list[Unit]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from ..errors import InputError, RequestError
+from ..errors import InputError, RequestError, ShuttingDown
 from ..protocol import ContextUpload, ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
 from ..results import item_dict
 from .media import HASH_SECONDS, stored, to_media
@@ -234,7 +234,7 @@ def install(app: FastAPI, state) -> None:
             return json_error(504, "timeout", f"scoring took longer than {config.request_timeout_s:g} s")
         results = list(done) if work.kind == "score" else list(done[0])
         for r in results:  # the whole request was refused while it waited (shutdown)
-            if isinstance(r, RequestError) and r.code == "shutting_down":
+            if isinstance(r, ShuttingDown):
                 return json_error(503, r.code, str(r), {"Retry-After": "1"})
         m = state.model
         body = {

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections import defaultdict, deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -68,7 +68,7 @@ def _resolve(fut: Future, value: Any) -> None:
     if not fut.done():
         try:
             fut.set_result(value)
-        except Exception:  # noqa: BLE001 - cancelled meanwhile
+        except InvalidStateError:  # cancelled (or resolved) between the check and the set
             pass
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ Transform = Callable[[Image.Image, float], Image.Image]
 """Applied to each sampled frame as soon as it is decoded (the per-frame contract), so a large
 source never keeps more than one full-size frame alive."""
 
+log = logging.getLogger("nvrm")
 _DEFAULT_LIMITS = Limits()
 
 
@@ -205,11 +207,22 @@ def read_sampled(
             found = _read_seeking(source, role, contract, limits, transform)
         except LimitError:
             raise  # refused before the work: the sequential path would do that work first
-        except Exception:  # noqa: BLE001 - the sequential path is the authority on errors
+        except Exception as e:  # noqa: BLE001 - the sequential path is the authority on errors
+            _log_fallback(type(e).__name__, str(e))
             found = None
         if found is not None:
             return found
     return _read_sequential(source, role, contract, limits, transform)
+
+
+_FALLBACKS: set[str] = set()
+
+
+def _log_fallback(kind: str, message: str) -> None:
+    """Seeking failed: say why, once per kind of failure per process (then decode sequentially)."""
+    if kind not in _FALLBACKS:
+        _FALLBACKS.add(kind)
+        log.info("seek-based decoding failed (%s: %s); decoding sequentially (logged once per kind)", kind, " ".join(message.split())[:200])
 
 
 class _Mismatch(Exception):
