@@ -13,9 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__  # noqa: F401 - the one version (pyprojects read it too)
 from .errors import BundleError, ContractError, InputError, IntegrityError, LimitError, NvrmError, RewardFnError
-
-from ._version import __version__
 
 _LAZY = {
     "RewardModel": "scoring",

@@ -3,7 +3,6 @@
 import base64
 import json
 import math
-import os
 import signal
 import subprocess
 import sys

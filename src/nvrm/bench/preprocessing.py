@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..engine import Engine
-from ..engine.jobs import encode_video
+from ..engine.tasks import encode_video
 from ..inputs import prepare_input
 from .harness import build_bench_bundle, device_name
 from .rl import CANDIDATE_SECONDS, make_frames

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.jobs import encode_video
+from ..engine.tasks import encode_video
 from ..inputs import Clip, prepare_input
 from .harness import build_bench_bundle, device_name, forward_flops, peak_tflops, timed
 

@@ -16,7 +16,7 @@ from .options import add_ray_args
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm batch``: model loading, manifest, output, resume and flush cadence, and the Ray options."""
-    from ..jobs.engine import DEFAULT_FLUSH_EVERY
+    from ..jobs.runner import DEFAULT_FLUSH_EVERY
 
     add_model_args(p)
     p.add_argument("--input", required=True, help="manifest.jsonl (rows with id, prompt, context, candidate(s))")

@@ -13,7 +13,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import bench, bulk, commands, demo, probe, serve, train
+from . import bench, bulk, commands, demo, prefs, probe, serve, train
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -27,7 +27,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("probe", "score candidates under a battery of perturbations and flag potential reward hacks", probe.add_args, probe.run),
     ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
     ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),
-    ("prefs", "preference data: filter judgments into pairs, or write the synthetic task", train.add_prefs_args, None),
+    ("prefs", "preference data: filter judgments into pairs, or write the synthetic task", prefs.add_prefs_args, None),
     ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
     ("bench", "benchmark naive vs batch vs group scoring", bench.add_args, bench.run),
 ]

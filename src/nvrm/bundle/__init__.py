@@ -1,0 +1,20 @@
+"""Find, verify and load a WORL-NVRM bundle (release layout).
+
+Layout: ``config.json`` (``Qwen3VLModel``), ``model-0000X-of-0000N.safetensors``
+with ``model.safetensors.index.json`` (or one ``model.safetensors``),
+``nvrm_head.safetensors`` (``rm_head.weight`` [1, hidden], optional
+``rm_head.bias``), processor/tokenizer assets with the chat template, and
+optionally ``RELEASE_MANIFEST.json`` / ``worl-bundle.json`` and
+``nvrm_contract.json``.
+
+Only safetensors are read (never pickle), no remote code runs, and loading is
+strict: a missing, unexpected or mis-shaped weight is an error naming it.
+"""
+
+from __future__ import annotations
+
+from .layout import ACCEPTED_ARCHITECTURES, DEFAULT_REPO, HEAD_FILE, INDEX_FILE, MANIFEST_NAMES, cache_dir  # noqa: F401
+from .verify import DigestCache, IntegrityManifest, ManifestEntry, SCORING_FILES, VerifyReport, read_integrity_manifest, scoring_files, sha256_file, verify_bundle  # noqa: F401
+from .hub import download_bundle, resolve_bundle  # noqa: F401
+from .load import _canonical_key, _summarise, backbone_files, load_backbone, load_head, load_processor, preprocessing_fingerprint, read_config, template_source  # noqa: F401
+from .write import write_backbone, write_manifest  # noqa: F401

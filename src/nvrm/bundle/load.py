@@ -1,0 +1,204 @@
+"""Loading a bundle strictly: config, backbone weights key by key, the reward head, the processor and its fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import BundleError
+from .layout import ACCEPTED_ARCHITECTURES, HEAD_FILE, INDEX_FILE
+from .verify import scoring_files
+
+
+def read_config(bundle: Path):
+    from transformers import Qwen3VLConfig
+
+    path = bundle / "config.json"
+    if not path.is_file():
+        raise BundleError(f"{bundle}: config.json is missing")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{path}: not valid JSON ({e})") from e
+    archs = raw.get("architectures") or []
+    if raw.get("model_type") != "qwen3_vl" or not any(a in ACCEPTED_ARCHITECTURES for a in archs):
+        raise BundleError(
+            f"{path}: expected model_type 'qwen3_vl' with architecture Qwen3VLModel, "
+            f"got model_type={raw.get('model_type')!r}, architectures={archs}"
+        )
+    return Qwen3VLConfig.from_pretrained(str(bundle))
+
+
+def backbone_files(bundle: Path) -> list[Path]:
+    index = bundle / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise BundleError(f"{index}: unreadable shard index ({e})") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise BundleError(f"{index}: weight_map must map weight names to shard file names")
+        names = sorted(set(weight_map.values()))
+        root = bundle.resolve()
+        for n in names:
+            target = (bundle / n).resolve()
+            if Path(n).is_absolute() or ".." in Path(n).parts or root not in target.parents:
+                raise BundleError(f"{index}: shard {n!r} lies outside the bundle; shard names must be files in the bundle folder")
+        missing = [n for n in names if not (bundle / n).is_file()]
+        if missing:
+            raise BundleError(f"{bundle}: shard(s) listed in {INDEX_FILE} are missing: {', '.join(missing)}")
+        return [bundle / n for n in names]
+    single = bundle / "model.safetensors"
+    if single.is_file():
+        return [single]
+    pickles = [p.name for p in bundle.glob("*.bin")] + [p.name for p in bundle.glob("*.pt")]
+    hint = f" (found {', '.join(pickles)}: pickle checkpoints are refused; convert to safetensors)" if pickles else ""
+    raise BundleError(f"{bundle}: no backbone weights ({INDEX_FILE} or model.safetensors){hint}")
+
+
+def _canonical_key(key: str) -> str | None:
+    """Map a checkpoint key to the bare ``Qwen3VLModel`` layout; None = ignore."""
+    if key.startswith("lm_head."):
+        return None
+    if key.startswith("model."):
+        return key[len("model.") :]
+    return key
+
+
+def _summarise(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def load_backbone(bundle: Path, config, dtype: torch.dtype, attn_implementation: str = "sdpa"):
+    """Qwen3VLModel with every weight from the bundle, checked key by key."""
+    from accelerate import init_empty_weights
+    from safetensors import safe_open
+    from transformers import Qwen3VLModel
+
+    with init_empty_weights(include_buffers=False):  # parameters on meta, rotary buffers real
+        model = Qwen3VLModel._from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+    state: dict[str, torch.Tensor] = {}
+    unexpected, wrong_shape, duplicates = [], [], []
+    for file in backbone_files(bundle):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    name = _canonical_key(key)
+                    if name is None:
+                        continue
+                    if name not in expected:
+                        unexpected.append(key)
+                        continue
+                    if name in state:
+                        duplicates.append(key)
+                        continue
+                    tensor = f.get_tensor(key)
+                    if tuple(tensor.shape) != expected[name]:
+                        wrong_shape.append(f"{key} {tuple(tensor.shape)} != {expected[name]}")
+                        continue
+                    state[name] = tensor.to(dtype)
+        except (OSError, RuntimeError, ValueError) as e:
+            if isinstance(e, BundleError):
+                raise
+            raise BundleError(f"{file}: not a readable safetensors file ({' '.join(str(e).split())})") from e
+    missing = sorted(set(expected) - set(state))
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} weight(s): {_summarise(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} weight(s): {_summarise(sorted(unexpected))}")
+    if wrong_shape:
+        problems.append(f"wrong shape: {_summarise(wrong_shape)}")
+    if duplicates:
+        problems.append(f"duplicated: {_summarise(sorted(duplicates))}")
+    if problems:
+        raise BundleError(f"{bundle}: backbone does not match config.json: " + "; ".join(problems))
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_head(bundle: Path, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``rm_head.weight`` [1, hidden] and the optional ``rm_head.bias`` [1]."""
+    from safetensors import safe_open
+
+    path = bundle / HEAD_FILE
+    if not path.is_file():
+        raise BundleError(f"{bundle}: reward head {HEAD_FILE} is missing")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (OSError, RuntimeError, ValueError) as e:
+        raise BundleError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from e
+    extra = sorted(set(tensors) - {"rm_head.weight", "rm_head.bias"})
+    if "rm_head.weight" not in tensors:
+        raise BundleError(f"{path}: key rm_head.weight is missing (found: {', '.join(sorted(tensors)) or 'nothing'})")
+    if extra:
+        raise BundleError(f"{path}: unexpected key(s) {', '.join(extra)}; expected rm_head.weight [+ rm_head.bias]")
+    weight, bias = tensors["rm_head.weight"], tensors.get("rm_head.bias")
+    if tuple(weight.shape) != (1, hidden_size):
+        raise BundleError(f"{path}: rm_head.weight has shape {tuple(weight.shape)}, expected (1, {hidden_size})")
+    if bias is not None and tuple(bias.shape) != (1,):
+        raise BundleError(f"{path}: rm_head.bias has shape {tuple(bias.shape)}, expected (1,)")
+    return weight, bias
+
+
+def template_source(bundle: Path) -> str | None:
+    """Which file the runtime's chat template comes from (transformers' precedence, then the
+    tokenizer's template as the fallback); None when the bundle has none."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (bundle / name).is_file():
+            return name
+    for name in ("processor_config.json", "tokenizer_config.json"):
+        try:
+            if "chat_template" in json.loads((bundle / name).read_text(encoding="utf-8")):
+                return name
+        except (OSError, ValueError, TypeError):
+            continue
+    return None
+
+
+def load_processor(bundle: Path):
+    """The bundle's processor, with its chat template: ``chat_template.jinja`` / ``.json`` (or the
+    processor config), else the tokenizer's own template from ``tokenizer_config.json``.
+
+    Sets ``processor._nvrm_template_source`` to the file it came from.
+    """
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(str(bundle), trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as e:
+        raise BundleError(f"{bundle}: cannot load processor/tokenizer assets ({' '.join(str(e).split())[:300]})") from e
+    if getattr(processor, "chat_template", None) is None:
+        fallback = getattr(processor.tokenizer, "chat_template", None)
+        if not fallback:
+            raise BundleError(
+                f"{bundle}: no chat template (looked for chat_template.jinja, chat_template.json, "
+                "processor_config.json and the tokenizer's template in tokenizer_config.json)"
+            )
+        processor.chat_template = fallback if isinstance(fallback, str) else dict(fallback)
+    processor._nvrm_template_source = template_source(bundle) or "tokenizer_config.json"
+    return processor
+
+
+def preprocessing_fingerprint(bundle: Path, contract) -> str:
+    """sha256 over the contract and every processor, tokenizer and template file the bundle has.
+
+    Two rewards are comparable when this agrees: the same frames, the same
+    layout, the same tokens (weights are covered by the manifest revision).
+    """
+    h = hashlib.sha256(contract.to_json().encode("ascii"))
+    for name in scoring_files(bundle):
+        if name.endswith(".safetensors") or name in ("config.json", INDEX_FILE, HEAD_FILE):
+            continue
+        h.update(f"\n{name}\n".encode())
+        h.update(hashlib.sha256((bundle / name).read_bytes()).digest())
+    return h.hexdigest()
