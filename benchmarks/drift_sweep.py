@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     if bundle is None:
         from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 
-        bundle = str(build_tiny_bundle(Path(tmp.name) / "deep36", ArchSpec(num_layers=36), revision="deep-36"))
+        bundle = str(build_tiny_bundle(Path(tmp.name) / "deep36", ArchSpec.from_name("deep"), revision="deep-36"))
     runs = []
     for cap in caps:
         for threads in [int(t) for t in args.threads.split(",")]:

@@ -247,7 +247,7 @@ def network(bundle: Path, tmp: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--arch", default="mid", choices=["tiny", "mid", "4b"])
+    p.add_argument("--arch", default="mid", choices=["tiny", "deep", "mid", "4b"])
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--requests", type=int, default=64, help="one-item requests per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the report here")

@@ -28,7 +28,7 @@ from nvrm.cli.main import main as nvrm
 from nvrm.prefs.synthetic import PHYSICS
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 
-DEMO_BASE = ArchSpec(seed=7, rope_theta=100.0)
+DEMO_BASE = ArchSpec.from_name("tiny", seed=7, rope_theta=100.0)
 TASK = dict(train=260, eval=30, seed=0)  # 16 rejected kinds per example (prefs/synthetic.py)
 TRAIN = ["--epochs", "2", "--batch-pairs", "8", "--lr", "1e-3", "--eval-every", "200"]
 PHYSICS_COPIES = 2

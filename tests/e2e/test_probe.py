@@ -56,7 +56,7 @@ def test_the_battery_is_documented_and_seeded(demo_clips):
     assert {"freeze", "reverse", "shuffle", "stutter", "shift", "teleport", "flicker", "blur", "noise", "brightness", "lowres",
             "letterbox", "copy_context", "static_image", "swap_prompt", "swap_context"} <= set(PERTURBATIONS)
     assert all(p.description and p.degrades for p in PERTURBATIONS.values())
-    from nvrm.probe.runner import load_clip
+    from nvrm.probe.suite import load_clip
 
     item = ProbeItem(PROMPT, load_clip(ctx, None, None), load_clip(cands["smooth"], 7, None))
     for name in ("shuffle", "stutter", "noise", "static_image"):

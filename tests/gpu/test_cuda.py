@@ -94,7 +94,7 @@ def test_deep_bundle_drift_on_cuda(tmp_path_factory):
     """At the release's depth (36 text layers) group and batch stay within the stated bounds on the GPU."""
     from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 
-    path = build_tiny_bundle(tmp_path_factory.mktemp("deep-cuda") / "deep36", ArchSpec(num_layers=36), revision="deep-36")
+    path = build_tiny_bundle(tmp_path_factory.mktemp("deep-cuda") / "deep36", ArchSpec.from_name("deep"), revision="deep-36")
     with RewardModel.from_pretrained(path, device="cuda") as deep:
         for k in range(3):
             ctx = Clip(moving_square(4 + 4 * k, 64 + 16 * k, 80, seed=k), fps=4)

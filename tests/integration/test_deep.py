@@ -16,7 +16,7 @@ SIZES = [(96, 128), (64, 80), (120, 90), (200, 48), (64, 80)]
 
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory):
-    path = build_tiny_bundle(tmp_path_factory.mktemp("deep") / "deep36", ArchSpec(num_layers=36), revision="deep-36")
+    path = build_tiny_bundle(tmp_path_factory.mktemp("deep") / "deep36", ArchSpec.from_name("deep"), revision="deep-36")
     m = RewardModel.from_pretrained(path, device="cpu")
     yield m
     m.close()

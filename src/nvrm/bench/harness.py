@@ -26,14 +26,12 @@ KNOWN_PEAK_TFLOPS = {"H200": 790.0}
 
 def build_bench_bundle(arch: str) -> Path:
     """A random-weight bundle in the release layout, cached by architecture (tiny, mid, 4b)."""
-    from ..synth.bundles import MID_SPEC, QWEN3_VL_4B_SPEC, ArchSpec, build_tiny_bundle
+    from ..synth.bundles import ArchSpec, build_tiny_bundle
 
-    specs = {"mid": MID_SPEC, "tiny": ArchSpec(), "4b": QWEN3_VL_4B_SPEC}
-    if arch not in specs:
-        raise ValueError(f"arch must be one of {', '.join(specs)}, got {arch!r}")
+    spec = ArchSpec.from_name(arch)
     path = cache_dir() / f"bench-bundle-{arch}"
     if not (path / "RELEASE_MANIFEST.json").is_file():
-        build_tiny_bundle(path, specs[arch], revision=f"bench-{arch}", label=f"nvrm random-weight benchmark bundle ({arch})")
+        build_tiny_bundle(path, spec, revision=f"bench-{arch}", label=f"nvrm random-weight benchmark bundle ({arch})")
     return path
 
 

@@ -7,6 +7,6 @@ candidate that ignores the prompt? Check before a week of RL.
 """
 
 from .perturbations import PERTURBATIONS, Perturbation, ProbeItem, register
-from .runner import Outcome, ProbeReport, probe, probe_many, summarize
+from .suite import Outcome, ProbeReport, probe, probe_many, summarize
 
 __all__ = ["PERTURBATIONS", "Perturbation", "ProbeItem", "register", "probe", "probe_many", "summarize", "Outcome", "ProbeReport"]

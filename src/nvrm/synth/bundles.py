@@ -92,6 +92,17 @@ class ArchSpec:
     seed: int = 0
     extra_text: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_name(cls, name: str, **changes) -> "ArchSpec":
+        """A named architecture (``ARCHITECTURES``: tiny, deep, mid, 4b), with any fields changed (e.g. ``seed=7``)."""
+        import dataclasses
+
+        if name not in ARCHITECTURES:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"architecture {name!r}: must be one of {', '.join(ARCHITECTURES)}")
+        return dataclasses.replace(ARCHITECTURES[name], **changes)
+
 
 MID_SPEC = ArchSpec(
     hidden_size=256,
@@ -128,6 +139,20 @@ QWEN3_VL_4B_SPEC = ArchSpec(
     weight_std=0.02,
 )
 """The Qwen3-VL-4B architecture (random weights; tiny vocabulary) for GPU benchmarks."""
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "tiny": ArchSpec(),
+    "deep": ArchSpec(num_layers=36),
+    "mid": MID_SPEC,
+    "4b": QWEN3_VL_4B_SPEC,
+}
+"""The one registry of named architectures (tests, benchmarks, scripts): ``ArchSpec.from_name``.
+
+- ``tiny``: 2 text layers, hidden 64 (unit and integration tests);
+- ``deep``: the tiny widths at the release's depth, 36 text layers (drift at depth);
+- ``mid``: a few tens of MB (CPU benchmarks);
+- ``4b``: the Qwen3-VL-4B shapes (GPU benchmarks)."""
+
 
 
 def build_tokenizer(vocab_target: int = 512):
