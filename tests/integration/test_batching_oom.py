@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import nvrm.scoring as scoring
+import nvrm.forward.runtime as scoring
 from nvrm import Clip
 from nvrm.synth.clips import moving_square
 

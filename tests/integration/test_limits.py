@@ -172,7 +172,7 @@ def test_a_big_group_is_prepared_a_few_chunks_at_a_time(tiny_bundle, monkeypatch
 
     with RewardModel.from_pretrained(tiny_bundle, device="cpu", group_chunk=4) as m:
         submitted, scored = [], []
-        real_submit, real_chunk = core.Engine.submit_group, m._score_chunk
+        real_submit, real_chunk = core.Engine.submit_group, m.score_chunk
 
         def submit(self, prompt, context, cands):
             submitted.append(len(cands))
@@ -183,7 +183,7 @@ def test_a_big_group_is_prepared_a_few_chunks_at_a_time(tiny_bundle, monkeypatch
             return real_chunk(group, prefix, exact)
 
         monkeypatch.setattr(core.Engine, "submit_group", submit)
-        monkeypatch.setattr(m, "_score_chunk", chunk)
+        monkeypatch.setattr(m, "score_chunk", chunk)
         short = Clip(moving_square(8, 64, 80), fps=4)
         cands = [CAND] * 9 + [short] + [CAND] * 10  # 20 candidates, one bad, 5 chunks
         out = m.score_group("p", CAND, cands, errors="return")

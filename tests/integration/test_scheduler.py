@@ -68,11 +68,11 @@ def test_the_scorer_waits_for_items_of_a_context_still_being_prepared(make, mode
 @pytest.mark.parametrize("prefix_mb", [64, 0])
 def test_items_of_one_context_in_later_batches_reuse_its_prefill(make, model, monkeypatch, prefix_mb):
     """One request at a time (each its own batch): the context is prefilled once, then only suffixes run."""
-    import nvrm.scoring
+    import nvrm.forward.runtime
 
     prefills = []
-    real = nvrm.scoring.prefill
-    monkeypatch.setattr(nvrm.scoring, "prefill", lambda *a, **k: prefills.append(1) or real(*a, **k))
+    real = nvrm.forward.runtime.prefill
+    monkeypatch.setattr(nvrm.forward.runtime, "prefill", lambda *a, **k: prefills.append(1) or real(*a, **k))
     s, metrics = make(wait_ms=0, share_wait_ms=0, prefix_mb=prefix_mb)
     ctx = Media(CTX, "frames:ctx")
     got = []

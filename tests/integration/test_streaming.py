@@ -70,7 +70,7 @@ def test_big_groups_are_chunked_with_the_prefix_reused(tiny_bundle, model32):
     try:
         whole = [r.reward for r in model32.score_group("p", CTXS[0], CANDS)]
         calls = []
-        import nvrm.scoring as scoring
+        import nvrm.forward.runtime as scoring
 
         real = scoring.prefill
         scoring.prefill = lambda *a, **k: calls.append(1) or real(*a, **k)

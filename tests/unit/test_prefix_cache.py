@@ -9,10 +9,14 @@ import torch
 from nvrm.serve.contexts import PrefixCache, prefix_bytes
 
 
-def fake_prefix(tokens: int):
-    """Two layers of bf16 keys and values, 1 head of 8 dims: 2 * 2 * tokens * 8 * 2 bytes."""
-    kv = [(torch.zeros(1, 1, tokens, 8, dtype=torch.bfloat16), torch.zeros(1, 1, tokens, 8, dtype=torch.bfloat16)) for _ in range(2)]
+def fake_prefix(tokens: int, lengths=(100,)):
+    """Per total length kept, two layers of bf16 keys and values, 1 head of 8 dims: 2 * 2 * tokens * 8 * 2 bytes."""
+    kv = {n: [(torch.zeros(1, 1, tokens, 8, dtype=torch.bfloat16), torch.zeros(1, 1, tokens, 8, dtype=torch.bfloat16)) for _ in range(2)] for n in lengths}
     return SimpleNamespace(kv=kv)
+
+
+def test_bytes_count_every_kept_length():
+    assert prefix_bytes(fake_prefix(10, lengths=(100, 120))) == 2 * prefix_bytes(fake_prefix(10))
 
 
 def test_bytes_and_lru_order_within_the_budget():

@@ -26,7 +26,7 @@ from ..errors import NvrmError
 from ..inputs import PreparedVideo, presample
 from ..limits import Limits
 from .codec import PixelCodec
-from .encode import GroupEncoded, RopeSpec
+from .encode import GroupEncoded, RopeSpec, encode_item
 from .tasks import PreparedItem, encode_video, group_job, item_job, video_job
 from .workers import WorkerKind, Workers, WorkerSpec, unexpected
 
@@ -223,6 +223,15 @@ class Engine:
         return self._workers.run_inline(group_job, prompt, ctx, [self.encode(c) for c in candidates])
 
     # ------------------------------------------------------------ lifecycle
+
+    def items_of(self, group: PreparedGroup, slots: Sequence[int]) -> list:
+        """Candidates ``slots`` of a prepared group, each encoded as a single item (for exact scoring);
+        the frames are already prepared, so only the tokens and positions are built."""
+        ctx = group.context
+        return [
+            encode_item(self.processor, self.rope, group.prompt, (ctx.pixels, ctx.grid), (c.pixels, c.grid), self.contract, self.codec)
+            for c in (group.candidates[j] for j in slots)
+        ]
 
     def close(self) -> None:
         """Stop the workers; pending jobs are cancelled."""

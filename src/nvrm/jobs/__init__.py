@@ -1,6 +1,6 @@
 """Batch jobs over manifests: parse (pure), score through an executor, write rows durably, resume."""
 
-from .suite import BatchSummary, LocalExecutor, run
+from .runner import BatchSummary, LocalExecutor, run
 from .manifest import ManifestRow, RowProblem, Unit, read_job_manifest
 from .sink import open_sink
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, InternalError, NvrmError
-from .suite import BatchSummary, run
+from .runner import BatchSummary, run
 from .manifest import ManifestRow, RowProblem, Unit
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class Scorer:
         self.model = RewardModel.from_pretrained(bundle, settings=settings)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from .suite import LocalExecutor
+        from .runner import LocalExecutor
 
         units = [_unit_from({key: batch[key][k] for key in batch}) for k in range(len(batch["id"]))]
         rows = [row for out in LocalExecutor(self.model).rows(units) for row in out]

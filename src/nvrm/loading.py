@@ -1,0 +1,101 @@
+"""Loading a reward model: settings resolved, the bundle verified and read, the parts on the device.
+
+``load_parts`` returns the keyword arguments of ``RewardModel(...)``; ``RewardModel.from_pretrained``
+is that and nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .bundle import load_backbone, load_head, load_processor, read_config, read_integrity_manifest, resolve_bundle, verify_bundle
+from .contract import Contract
+from .errors import NvrmError
+from .forward.model import DTYPES, RewardHead
+from .numerics import ensure_cpu_sdpa
+from .settings import LoadSettings
+
+CPU_BATCH_TOKENS = 16384
+"""The key-position budget of one forward on the CPU (``LoadSettings.max_batch_tokens`` default there)."""
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a CUDA device is visible, else ``cpu``: the device ``from_pretrained`` uses when none is given."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_batch_tokens(device: torch.device, config) -> int:
+    """The key-position budget of a forward pass: 16,384 on CPU; on CUDA a quarter of free memory's worth of KV."""
+    if device.type != "cuda":
+        return CPU_BATCH_TOKENS
+    text = config.text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_bytes = text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * 2  # bf16 K and V per position
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(max(CPU_BATCH_TOKENS, min(262144, free // 4 // kv_bytes)))
+
+
+def default_attention(device: torch.device) -> str:
+    """flash_attention_2 on CUDA when it is installed, else SDPA."""
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def manifest_revision(path) -> str | None:
+    """The revision a bundle's manifest records, if any (unverified loads)."""
+    try:
+        m = read_integrity_manifest(path)
+    except NvrmError:
+        return None
+    return m.revision if m else None
+
+
+def resolve_settings(settings: LoadSettings | None, shortcuts: dict[str, Any], overrides: dict[str, Any]) -> LoadSettings:
+    """``settings`` with the ``from_pretrained`` shortcuts and keyword overrides applied."""
+    settings = settings or LoadSettings()
+    device, dtype = shortcuts.pop("device", None), shortcuts.pop("dtype", None)
+    if device is not None:
+        shortcuts["device"] = str(device)
+    if dtype is not None:
+        shortcuts["dtype"] = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+    return settings.replace(**{k: v for k, v in {**shortcuts, **overrides}.items() if v is not None})
+
+
+def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract: Contract | None = None) -> dict[str, Any]:
+    """Everything ``RewardModel(...)`` takes, loaded from a bundle (verified unless the settings say not to)."""
+    path = resolve_bundle(path_or_repo, settings.revision)
+    report = verify_bundle(path) if settings.verify else None
+    config = read_config(path)
+    contract = contract or Contract.for_bundle(path)
+    dev = torch.device(settings.device) if settings.device else default_device()
+    attn = settings.attention or default_attention(dev)
+    ensure_cpu_sdpa()
+    backbone = load_backbone(path, config, DTYPES[settings.dtype], attn)
+    weight, bias = load_head(path, config.text_config.hidden_size)
+    head = RewardHead(weight, bias, DTYPES[contract.head_dtype])
+    processor = load_processor(path)
+    revision = report.revision if report else manifest_revision(path)
+    backbone.to(dev)
+    head.to(dev)
+    if settings.compile:
+        mode = settings.compile if isinstance(settings.compile, str) else None
+        backbone.language_model.compile(dynamic=True, mode=mode)
+    return {
+        "backbone": backbone,
+        "head": head,
+        "processor": processor,
+        "contract": contract,
+        "device": dev,
+        "revision": revision or settings.revision,
+        "path": path,
+        "settings": settings,
+    }

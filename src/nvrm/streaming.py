@@ -1,0 +1,193 @@
+"""Items and groups streamed through the engine and the model: preparation runs ahead of scoring.
+
+- ``stream_batch``: items submitted to the engine a window ahead; each window scored in
+  token-budgeted batches while the next is prepared;
+- ``stream_groups``: groups prepared ``lookahead`` ahead; a big group in chunks of
+  ``group_chunk`` candidates (``PendingGroup``), submitted as they are needed, its prefix reused
+  across chunks.
+
+A bad item or candidate fails its own slot (or raises, with ``errors="raise"``); nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Iterable, Sequence
+
+from .errors import InternalError, NvrmError
+from .items import Errors, GroupLike, ItemLike, as_group, as_item
+
+RewardModel = Any
+"""A ``nvrm.scoring.RewardModel`` (not imported: scoring imports this module)."""
+
+
+class PendingGroup:
+    """A group handed to the engine: its context future, and its candidates in chunks that are
+    submitted as they are needed (at most ``CHUNKS_AHEAD`` beyond the one being scored), so a
+    group of thousands never has more than a few chunks prepared in memory at once."""
+
+    CHUNKS_AHEAD = 1
+
+    def __init__(self, engine=None, prompt: Any = None, context: Any = None, candidates: Sequence[Any] = (), chunk: int = 1, error: NvrmError | None = None, n: int = 0):
+        self.engine = engine
+        self.prompt = prompt
+        self.candidates = list(candidates)
+        self.n = len(self.candidates) if error is None else n
+        self.error = error
+        self.slots = [list(range(s, min(s + chunk, self.n))) for s in range(0, self.n, chunk)] if error is None else []
+        self.futures: list[Future] = []
+        self.context = engine.submit_video(context, "context") if error is None else None
+        if error is None:
+            self.submit_through(0)
+
+    def submit_through(self, k: int) -> None:
+        """Make sure chunks 0..k (and those ahead of k) are submitted."""
+        while len(self.futures) < min(len(self.slots), k + 1 + self.CHUNKS_AHEAD):
+            idx = self.slots[len(self.futures)]
+            self.futures.append(self.engine.submit_group(self.prompt, self.context, [self.candidates[i] for i in idx]))
+
+    def cancel(self) -> None:
+        for f in self.futures:
+            f.cancel()
+
+
+def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Errors, exact: bool | None) -> list[Any]:
+    """``RewardModel.score_batch``: one result (or error) per item, in order."""
+    items = list(items)
+    out: list[Any] = [None] * len(items)
+    window = max(8, 4 * max(1, model.engine.workers))
+    pending: deque[tuple[int, Future | NvrmError]] = deque()
+    i_next = 0
+
+    def submit_until(limit: int) -> None:
+        nonlocal i_next
+        while i_next < len(items) and len(pending) < limit:
+            try:
+                it = as_item(items[i_next], i_next)
+                pending.append((i_next, model.engine.submit_item(it.prompt, it.context, it.candidate)))
+            except NvrmError as e:
+                pending.append((i_next, e))
+            i_next += 1
+
+    submit_until(2 * window)  # the engine prepares the next windows while this one is on the model
+    while pending:
+        good = []
+        while pending and len(good) < window:
+            slot, job = pending.popleft()
+            try:
+                prepared = job.result() if isinstance(job, Future) else job
+                if isinstance(prepared, NvrmError):
+                    raise prepared
+                model.limits.check_sequence_tokens(prepared.encoded.num_tokens)
+            except NvrmError as e:
+                if errors == "raise":
+                    for _, f in pending:
+                        if isinstance(f, Future):
+                            f.cancel()
+                    raise
+                out[slot] = e
+            except Exception as e:  # noqa: BLE001 - a bug must not pass as a result
+                if errors == "raise":
+                    raise
+                out[slot] = InternalError.wrap(e)
+            else:
+                good.append((slot, prepared))
+        submit_until(2 * window)
+        if good:
+            for (slot, _), result in zip(good, model.score_prepared([p for _, p in good], exact=exact)):
+                out[slot] = result
+    return out
+
+
+def stream_groups(model: RewardModel, groups: Iterable[GroupLike], *, errors: Errors, exact: bool | None, lookahead: int | None, context_raises: bool = False):
+    """``RewardModel.score_groups``: one list of results per group, in order, preparing ahead."""
+    ahead = model.settings.lookahead if lookahead is None else lookahead
+    exact = model.settings.exact if exact is None else exact
+    it = iter(enumerate(groups))
+    pending: deque[PendingGroup] = deque()
+
+    def fill(limit: int) -> None:
+        while len(pending) < limit:
+            try:
+                k, group = next(it)
+            except StopIteration:
+                return
+            pending.append(submit_group(model, group, k))
+
+    fill(ahead + 1)
+    try:
+        while pending:
+            current = pending.popleft()
+            fill(ahead)  # groups k+1 .. k+ahead prepare while group k is on the model
+            yield run_group(model, current, errors, exact, context_raises)
+    finally:
+        for p in pending:
+            p.cancel()
+
+
+def submit_group(model: RewardModel, group: GroupLike, k: int) -> PendingGroup:
+    try:
+        prompt, context, candidates = as_group(group, k)
+        model.limits.check_group(len(candidates))
+    except NvrmError as e:
+        n = len(group[2]) if isinstance(group, (tuple, list)) and len(group) == 3 and isinstance(group[2], Sequence) else 0
+        return PendingGroup(error=e, n=n)
+    return PendingGroup(model.engine, prompt, context, candidates, model.settings.group_chunk)
+
+
+def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: bool, context_raises: bool = False) -> list[Any]:
+    if pending.error is not None:
+        if errors == "raise" or context_raises:
+            raise pending.error
+        return [pending.error] * max(1, pending.n)
+    out: list[Any] = [None] * pending.n
+    prefix = None
+    for k, idx in enumerate(pending.slots):
+        pending.submit_through(k)  # the next chunk prepares while this one is scored
+        group = pending.futures[k].result()
+        first = next((e for e in map(group.slot_error, range(len(idx))) if e is not None), None)
+        if first is not None and (errors == "raise" or (context_raises and isinstance(group.context, NvrmError))):
+            pending.cancel()
+            raise group.context if isinstance(group.context, NvrmError) else first
+        if isinstance(group.context, NvrmError):  # no chunk can score: every slot reports the context
+            pending.cancel()
+            return [group.context] * pending.n
+        results, prefix = model.score_chunk(group, prefix, exact)
+        if errors == "raise":
+            first = next((r for r in results if isinstance(r, NvrmError)), None)
+            if first is not None:
+                raise first
+        for slot, r in zip(idx, results):
+            out[slot] = r
+    return out
+
+
+def score_chunk(model: RewardModel, group, prefix, exact: bool) -> tuple[list[Any], Any]:
+    """The good candidates of a prepared group scored (reusing ``prefix`` when it matches), the others'
+    errors in their slots: (results in candidate order, the prefix used)."""
+    out: list[Any] = [group.slot_error(j) for j in range(len(group.candidates))]
+    rows = []
+    for row, j in enumerate(group.good):
+        try:
+            model.limits.check_sequence_tokens(int(group.encoded.ids[row].shape[0]), f"candidate {j}")
+            rows.append(row)
+        except NvrmError as e:
+            out[j] = e
+    if not rows:
+        return out, prefix
+    enc = group.encoded if len(rows) == len(group.good) else group.encoded.select(rows)
+    slots = [group.good[r] for r in rows]
+    try:
+        if exact:  # each candidate alone, as the engine encodes a single item: bit-identical to score
+            rewards: list[Any] = model.runtime.batched(model.engine.items_of(group, slots), exact=True)
+        else:
+            rewards, prefix = model.runtime.group(enc, prefix)
+    except NvrmError as e:
+        rewards = [e] * len(slots)
+    for row, (j, reward) in enumerate(zip(slots, rewards)):
+        if isinstance(reward, NvrmError):
+            out[j] = reward
+        else:
+            out[j] = model._result(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward)
+    return out, prefix
