@@ -28,7 +28,7 @@ from .limits import Limits
 from .loading import default_batch_tokens, default_device, load_parts, resolve_settings  # noqa: F401 - default_device is API
 from .results import ScoreResult
 from .settings import LoadSettings
-from .streaming import score_chunk, stream_batch, stream_groups
+from .streaming import score_chunk, score_prepared_each, stream_batch, stream_groups
 
 Prepared = PreparedItem  # the name earlier releases exported
 
@@ -81,7 +81,6 @@ class RewardModel:
         template files. Every result records it (``ScoreResult.contract``); rewards are comparable
         only when it agrees."""
 
-    # the forward's parts, where callers (the trainer, tests, benchmarks) reach them
     backbone = property(lambda self: self.runtime.backbone, doc="The Qwen3-VL backbone (``Qwen3VLModel``).")
     head = property(lambda self: self.runtime.head, doc="The scalar reward head.")
     vision = property(lambda self: self.runtime.vision, doc="The batched vision tower wrapper (None when it does not apply).")
@@ -181,6 +180,11 @@ class RewardModel:
         exact = self.settings.exact if exact is None else exact
         rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact)
         return [self._result(p.context, p.candidate, p.encoded.num_tokens, r) for p, r in zip(prepared, rewards)]
+
+    def score_prepared_each(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult | NvrmError]:
+        """``score_prepared`` that never fails as a whole: a batch that fails unexpectedly is retried item by
+        item, and what still fails is an error in its slot."""
+        return score_prepared_each(self, prepared, exact=exact)
 
     # ------------------------------------------------------------ scoring
 

@@ -95,8 +95,31 @@ def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Error
                 good.append((slot, prepared))
         submit_until(2 * window)
         if good:
-            for (slot, _), result in zip(good, model.score_prepared([p for _, p in good], exact=exact)):
+            prepared = [p for _, p in good]
+            results = model.score_prepared(prepared, exact=exact) if errors == "raise" else score_prepared_each(model, prepared, exact=exact)
+            for (slot, _), result in zip(good, results):
                 out[slot] = result
+    return out
+
+
+def score_prepared_each(model: RewardModel, prepared: Sequence[Any], *, exact: bool | None) -> list[Any]:
+    """``score_prepared``, where an unexpected failure of the whole batch is retried item by item, so one
+    item cannot sink the rest: one result or error per item, in order. The one fallback the service,
+    batch jobs and ``score_batch(errors="return")`` share."""
+    import logging
+
+    try:
+        return model.score_prepared(prepared, exact=exact)
+    except Exception:  # noqa: BLE001 - retried below; what still fails is reported in its slot
+        logging.getLogger("nvrm").warning("a batch of %d failed; retrying item by item", len(prepared), exc_info=True)
+    out: list[Any] = []
+    for p in prepared:
+        try:
+            out.append(model.score_prepared([p], exact=True)[0])
+        except NvrmError as e:
+            out.append(e)
+        except Exception as e:  # noqa: BLE001
+            out.append(InternalError.wrap(e))
     return out
 
 

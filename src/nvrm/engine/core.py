@@ -224,6 +224,21 @@ class Engine:
 
     # ------------------------------------------------------------ lifecycle
 
+    def group_of(self, prompt: str, items: Sequence[PreparedItem]) -> PreparedGroup | None:
+        """Prepared items that share ``prompt`` and one context (from separate requests), as one group;
+        None if their sequences do not share the context prefix after all. No re-tokenising."""
+        first = items[0]
+        enc = GroupEncoded.from_items(
+            self.rope,
+            len(first.context.images),
+            (first.context.pixels, first.context.grid),
+            [it.encoded for it in items],
+            [(it.candidate.pixels, it.candidate.grid) for it in items],
+        )
+        if enc is None:
+            return None
+        return PreparedGroup(prompt, first.context, tuple(it.candidate for it in items), enc)
+
     def items_of(self, group: PreparedGroup, slots: Sequence[int]) -> list:
         """Candidates ``slots`` of a prepared group, each encoded as a single item (for exact scoring);
         the frames are already prepared, so only the tokens and positions are built."""

@@ -108,16 +108,8 @@ class LocalExecutor:
 
     def _singles(self, units: list[Unit]) -> list[dict[str, Any]]:
         items = [(u.row.prompt, u.row.context, u.row.candidates[0]) for u in units]  # type: ignore[union-attr]
-        try:
-            results = self.model.score_batch(items, errors="return")
-        except Exception:  # noqa: BLE001 - retry item by item so one item cannot sink the rest
-            log.warning("a batch failed unexpectedly; retrying item by item", exc_info=True)
-            results = []
-            for it in items:
-                try:
-                    results.append(self.model.score_batch([it], errors="return")[0])
-                except Exception as e:  # noqa: BLE001
-                    results.append(InternalError.wrap(e))
+        # errors="return": a bad item fails its slot, and a failed batch is retried item by item inside
+        results = self.model.score_batch(items, errors="return")
         return [result_row(u.row, 0, r, self.meta) for u, r in zip(units, results)]
 
 

@@ -27,16 +27,15 @@ import queue
 import threading
 import time
 from collections import defaultdict, deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..forward.batching import plan_batches
 from ..engine import PreparedGroup
-from ..engine.encode import GroupEncoded
 from ..engine.workers import unexpected
-from ..errors import Expired, NvrmError, ShuttingDown
+from ..errors import Expired, ShuttingDown
 from .contexts import ContextCache, PrefixCache
+from .execution import Execution, resolve as _resolve
 from .media import Media
 from .metrics import Metrics
 
@@ -62,14 +61,6 @@ class _Group:
 
 
 _STOP = object()
-
-
-def _resolve(fut: Future, value: Any) -> None:
-    if not fut.done():
-        try:
-            fut.set_result(value)
-        except InvalidStateError:  # cancelled (or resolved) between the check and the set
-            pass
 
 
 def _when_all(futures: Sequence[Future], then: Callable[[list[Any]], None], fail: Callable[[BaseException], None]) -> None:
@@ -122,6 +113,7 @@ class Scheduler:
         self._admitted = 0
         self._open: dict[Future, int] = {}  # open future -> its number of slots (0: a single item)
         self.draining = False
+        self.execution = Execution(model, metrics, self.prefixes)
         self._thread = threading.Thread(target=self._loop, name="nvrm-scorer", daemon=True)
         self._thread.start()
 
@@ -279,7 +271,7 @@ class Scheduler:
             if not self._live(work):
                 continue
             if isinstance(work, _Group):
-                self._run_group(work)
+                self.execution.run_group(work)
                 continue
             batch = [work]
             start = time.monotonic()
@@ -303,105 +295,10 @@ class Scheduler:
                     break
                 if self._live(nxt):
                     batch.append(nxt)
-            self._run_singles(batch)
+            self.execution.run_singles(batch)
             if stop_after:
                 while self._held:  # drain what was held back, then stop
                     held = self._held.popleft()
                     if self._live(held):
-                        self._run_group(held) if isinstance(held, _Group) else self._run_singles([held])
+                        self.execution.run_group(held) if isinstance(held, _Group) else self.execution.run_singles([held])
                 return
-
-    def _run_singles(self, batch: list[_Single]) -> None:
-        by_key: dict[Any, list[_Single]] = defaultdict(list)
-        loose: list[_Single] = []
-        for s in batch:
-            (by_key[s.key] if s.key is not None else loose).append(s)
-        alone = len(batch) == 1
-        for key, members in by_key.items():
-            # through the context's prefix (kept for later batches): items sharing it here, items of a
-            # context prefilled before, and a batch's only item (nothing to pad it with anyway)
-            if (len(members) > 1 or alone or self.prefixes.holds(key)) and self._run_shared(key, members):
-                continue
-            loose += members
-        exact = [s for s in loose if s.exact]
-        padded = [s for s in loose if not s.exact]
-        for s in exact:
-            self._forward([s], exact=True)
-        lengths = [s.item.encoded.num_tokens for s in padded]
-        for rows in plan_batches(lengths, self.model.max_batch_tokens):
-            self._forward([padded[i] for i in rows], exact=False)
-
-    def _forward(self, batch: list[_Single], exact: bool) -> None:
-        t = time.perf_counter()
-        results: list[Any] = []
-        ok: list[_Single] = []
-        for s in batch:  # the sequence limit bounds every forward pass
-            try:
-                self.model.limits.check_sequence_tokens(s.item.encoded.num_tokens)
-                ok.append(s)
-            except NvrmError as e:
-                _resolve(s.future, e)
-                self.metrics.items.labels(outcome="error").inc()
-        if not ok:
-            return
-        try:
-            results = self.model.score_prepared([s.item for s in ok], exact=exact)
-        except Exception:  # noqa: BLE001 - retry one by one so one item cannot sink the rest
-            log.warning("a batch of %d failed; retrying item by item", len(ok), exc_info=True)
-            results = []
-            for s in ok:
-                try:
-                    results.append(self.model.score_prepared([s.item], exact=True)[0])
-                except Exception as e:  # noqa: BLE001
-                    results.append(unexpected(e))
-        self.metrics.forward.labels(kind="batch").observe(time.perf_counter() - t)
-        self.metrics.batch_size.observe(len(ok))
-        self.metrics.batch_tokens.observe(len(ok) * max(s.item.encoded.num_tokens for s in ok))
-        for s, r in zip(ok, results):
-            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
-            _resolve(s.future, r)
-
-    def _run_shared(self, key: tuple[str, str], members: list[_Single]) -> bool:
-        """Items of one prompt and context (from any requests) as one group, reusing and keeping its prefix."""
-        first = members[0].item
-        enc = GroupEncoded.from_items(
-            self.engine.rope,
-            len(first.context.images),
-            (first.context.pixels, first.context.grid),
-            [m.item.encoded for m in members],
-            [(m.item.candidate.pixels, m.item.candidate.grid) for m in members],
-        )
-        if enc is None:
-            return False
-        group = PreparedGroup(key[0], first.context, tuple(m.item.candidate for m in members), enc)
-        prefix = self.prefixes.get(key)
-        t = time.perf_counter()
-        try:
-            results, used = self.model.score_prepared_group_reusing(group, prefix)
-            self.prefixes.put(key, used)
-        except Exception as e:  # noqa: BLE001
-            log.warning("a shared-context group failed unexpectedly", exc_info=True)
-            self.prefixes.clear()  # it may have run out of device memory: give the kept prefixes back
-            results = [unexpected(e)] * len(members)
-        self.metrics.forward.labels(kind="shared").observe(time.perf_counter() - t)
-        self.metrics.batch_size.observe(len(members))
-        if len(members) > 1 or prefix is not None:
-            self.metrics.shared.inc(len(members))
-        for m, r in zip(members, results):
-            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
-            _resolve(m.future, r)
-        return True
-
-    def _run_group(self, g: _Group) -> None:
-        t = time.perf_counter()
-        try:
-            out = self.model.score_prepared_group(g.prepared, exact=g.exact)
-        except Exception as e:  # noqa: BLE001
-            log.warning("a group failed unexpectedly", exc_info=True)
-            out = [unexpected(e)] * g.size
-        self.metrics.forward.labels(kind="group").observe(time.perf_counter() - t)
-        self.metrics.batch_size.observe(max(1, len(g.prepared.good)))
-        for r in out:
-            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
-        _resolve(g.future, out)
-

@@ -1,0 +1,118 @@
+"""The scorer thread's work on the model: batches of single items, shared-context groups, group requests.
+
+Every item gets exactly one result: a failed shared forward or batch falls back item by item
+(``RewardModel.score_prepared_each``), and errors are counted and delivered to the item's future.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+from ..engine.workers import unexpected
+from ..errors import NvrmError
+from ..forward.batching import plan_batches
+from .contexts import PrefixCache
+from .metrics import Metrics
+
+log = logging.getLogger("nvrm.serve.scheduler")
+
+
+def resolve(fut: Future, value: Any) -> None:
+    """Deliver ``value`` unless the future is already done (cancelled, or answered by the drain)."""
+    if not fut.done():
+        try:
+            fut.set_result(value)
+        except InvalidStateError:  # cancelled (or resolved) between the check and the set
+            pass
+
+
+class Execution:
+    """Runs what the scheduler's batching loop hands it, on the model, with metrics."""
+
+    def __init__(self, model, metrics: Metrics, prefixes: PrefixCache):
+        self.model = model
+        self.engine = model.engine
+        self.metrics = metrics
+        self.prefixes = prefixes
+
+    def run_singles(self, batch: list[Any]) -> None:
+        by_key: dict[Any, list[Any]] = defaultdict(list)
+        loose: list[Any] = []
+        for s in batch:
+            (by_key[s.key] if s.key is not None else loose).append(s)
+        alone = len(batch) == 1
+        for key, members in by_key.items():
+            # through the context's prefix (kept for later batches): items sharing it here, items of a
+            # context prefilled before, and a batch's only item (nothing to pad it with anyway)
+            if (len(members) > 1 or alone or self.prefixes.holds(key)) and self._run_shared(key, members):
+                continue
+            loose += members
+        exact = [s for s in loose if s.exact]
+        padded = [s for s in loose if not s.exact]
+        for s in exact:
+            self._forward([s], exact=True)
+        lengths = [s.item.encoded.num_tokens for s in padded]
+        for rows in plan_batches(lengths, self.model.max_batch_tokens):
+            self._forward([padded[i] for i in rows], exact=False)
+
+    def _forward(self, batch: list[Any], exact: bool) -> None:
+        t = time.perf_counter()
+        results: list[Any] = []
+        ok: list[Any] = []
+        for s in batch:  # the sequence limit bounds every forward pass
+            try:
+                self.model.limits.check_sequence_tokens(s.item.encoded.num_tokens)
+                ok.append(s)
+            except NvrmError as e:
+                resolve(s.future, e)
+                self.metrics.items.labels(outcome="error").inc()
+        if not ok:
+            return
+        results = self.model.score_prepared_each([s.item for s in ok], exact=exact)
+        self.metrics.forward.labels(kind="batch").observe(time.perf_counter() - t)
+        self.metrics.batch_size.observe(len(ok))
+        self.metrics.batch_tokens.observe(len(ok) * max(s.item.encoded.num_tokens for s in ok))
+        for s, r in zip(ok, results):
+            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
+            resolve(s.future, r)
+
+    def _run_shared(self, key: tuple[str, str], members: list[Any]) -> bool:
+        """Items of one prompt and context (from any requests) as one group, reusing and keeping its prefix."""
+        group = self.engine.group_of(key[0], [m.item for m in members])
+        if group is None:
+            return False
+        prefix = self.prefixes.get(key)
+        t = time.perf_counter()
+        try:
+            results, used = self.model.score_prepared_group_reusing(group, prefix)
+            self.prefixes.put(key, used)
+        except Exception as e:  # noqa: BLE001
+            log.warning("a shared-context group failed unexpectedly", exc_info=True)
+            self.prefixes.clear()  # it may have run out of device memory: give the kept prefixes back
+            results = [unexpected(e)] * len(members)
+        self.metrics.forward.labels(kind="shared").observe(time.perf_counter() - t)
+        self.metrics.batch_size.observe(len(members))
+        if len(members) > 1 or prefix is not None:
+            self.metrics.shared.inc(len(members))
+        for m, r in zip(members, results):
+            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
+            resolve(m.future, r)
+        return True
+
+    def run_group(self, g: Any) -> None:
+        t = time.perf_counter()
+        try:
+            out = self.model.score_prepared_group(g.prepared, exact=g.exact)
+        except Exception as e:  # noqa: BLE001
+            log.warning("a group failed unexpectedly", exc_info=True)
+            out = [unexpected(e)] * g.size
+        self.metrics.forward.labels(kind="group").observe(time.perf_counter() - t)
+        self.metrics.batch_size.observe(max(1, len(g.prepared.good)))
+        for r in out:
+            self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
+        resolve(g.future, out)
+
