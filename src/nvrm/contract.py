@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import BundleError, ConfigError
+from .flags import DTYPE_NAMES
 
 CONTRACT_FILENAME = "nvrm_contract.json"
 OFF_CONTRACT_OPTIONS = ("short_candidates",)
@@ -92,8 +93,8 @@ class Contract:
             problems.append(f"max_aspect_ratio={self.max_aspect_ratio!r} must be >= 1")
         if "{prompt}" not in self.context_header:
             problems.append("context_header must contain '{prompt}'")
-        if self.head_dtype not in ("bfloat16", "float16", "float32"):
-            problems.append(f"head_dtype={self.head_dtype!r} must be bfloat16, float16 or float32")
+        if self.head_dtype not in DTYPE_NAMES:
+            problems.append(f"head_dtype={self.head_dtype!r} must be one of {', '.join(DTYPE_NAMES)}")
         if problems:
             raise ConfigError("invalid contract: " + "; ".join(problems))
 

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError, LimitError
+from .flags import meta as _help
 
 
-def _help(text: str, flag: str | None = None) -> dict[str, Any]:
-    return {"help": text, "flag": flag}
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,10 @@ class Limits:
     max_prompt_tokens: int = field(default=4096, metadata=_help("tokens the prompt alone may have"))
     max_sequence_tokens: int = field(default=32768, metadata=_help("tokens one full model sequence may have"))
     max_context_seconds: float = field(default=600.0, metadata=_help("seconds of context video that may be decoded"))
-    max_context_frames: int = field(default=256, metadata=_help("context frames the model may see after sampling"))
+    max_context_samples: int = field(
+        default=600,
+        metadata=_help("sampled context frames an input may have; more is refused (the contract's own max_context_frames keeps only the latest)"),
+    )
     max_group_candidates: int = field(default=4096, metadata=_help("candidates in one group (groups are scored in chunks)"))
     max_source_pixels: int = field(
         default=8192 * 4320, metadata=_help("width x height of a source frame, read from the stream header before decoding")
@@ -70,8 +72,8 @@ class Limits:
             raise self._fail(where, f"context is {seconds:.6g} s long", "max_context_seconds", self.max_context_seconds)
 
     def check_context_frames(self, n: int, where: str) -> None:
-        if n > self.max_context_frames:
-            raise self._fail(where, f"context has {n} sampled frames", "max_context_frames", self.max_context_frames)
+        if n > self.max_context_samples:
+            raise self._fail(where, f"context has {n} sampled frames", "max_context_samples", self.max_context_samples)
 
     def check_prompt_tokens(self, n: int) -> None:
         if n > self.max_prompt_tokens:

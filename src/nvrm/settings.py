@@ -13,14 +13,12 @@ from typing import Any
 
 from .errors import ConfigError
 from .limits import Limits
+from .flags import DTYPE_NAMES, meta as _help
 
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
 ATTENTION_NAMES = ("sdpa", "flash_attention_2", "eager")
 WORKER_KINDS = ("auto", "thread", "process")
 
 
-def _help(text: str, **extra: Any) -> dict[str, Any]:
-    return {"help": text, **extra}
 
 
 @dataclass(frozen=True)

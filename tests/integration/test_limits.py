@@ -154,10 +154,10 @@ def test_a_thirty_minute_context_file_is_refused_before_decoding(tmp_path, monke
 
 
 def test_too_many_context_frames_are_refused(tiny_bundle):
-    with RewardModel.from_pretrained(tiny_bundle, device="cpu", limits=Limits(max_context_frames=8)) as m:
-        with pytest.raises(LimitError, match="context has 10 sampled frames, over the limit max_context_frames=8"):
+    with RewardModel.from_pretrained(tiny_bundle, device="cpu", limits=Limits(max_context_samples=8)) as m:
+        with pytest.raises(LimitError, match="context has 10 sampled frames, over the limit max_context_samples=8"):
             m.score("p", Clip(moving_square(40, 32, 32), fps=4), CAND)
-        with pytest.raises(LimitError, match="max_context_frames=8"):
+        with pytest.raises(LimitError, match="max_context_samples=8"):
             m.score("p", [np.zeros((32, 32, 3), np.uint8)] * 9, CAND)
 
 
@@ -202,3 +202,14 @@ def test_a_truncated_mkv_context_is_an_error_not_a_shorter_clip(tmp_path):
     assert prepare_input(full, "context", C).times[-1] == 7.0
     with pytest.raises(InputError, match="is truncated: the container declares 8.00 s"):
         prepare_input(tmp_path / "cut.mkv", "context", C)
+
+
+def test_a_ten_minute_context_at_1_fps_passes_the_default_limits():
+    """The documented 600 s context (600 samples at 1 FPS) is within the default limits; 601 s is not."""
+    from nvrm.video.sampling import context_ticks
+
+    L = Limits()
+    L.check_context_duration(600.0, "ctx")
+    L.check_context_frames(len(context_ticks(600.0, C)), "ctx")
+    with pytest.raises(LimitError, match="max_context_samples=600"):
+        L.check_context_frames(len(context_ticks(601.0, C)), "ctx")

@@ -15,22 +15,12 @@ from .options import add_ray_args
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
-    """Flags of ``nvrm batch``: model loading, manifest, output, resume and flush cadence, and the Ray options."""
-    from ..jobs.runner import DEFAULT_FLUSH_EVERY
+    """Flags of ``nvrm batch``: model loading, the job (generated from ``JobSettings``), and the Ray options."""
+    from ..jobs.runner import JobSettings
+    from .options import add_dataclass_args
 
     add_model_args(p)
-    p.add_argument("--input", required=True, help="manifest.jsonl (rows with id, prompt, context, candidate(s))")
-    p.add_argument("--output", required=True, help="scores file: .jsonl, .csv or .parquet")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="skip rows already in the output and append the rest")
-    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument(
-        "--flush-every",
-        type=int,
-        default=DEFAULT_FLUSH_EVERY,
-        metavar="ROWS",
-        help=f"rows scored between durable writes (default {DEFAULT_FLUSH_EVERY})",
-    )
+    add_dataclass_args(p, JobSettings, group="job")
     ray = add_ray_args(p, what="scale past one process or machine", replica="a Ray Data pipeline with an actor pool of scorers")
     ray.add_argument("--cpus-per-preprocess", type=float, default=1.0, help="CPUs per preprocessing task")
 
@@ -42,12 +32,14 @@ def run_batch(args: argparse.Namespace) -> int:
     from ..jobs.sink import output_format
     from .commands import settings_from_args
 
-    if args.flush_every < 1:
-        raise InputError(f"--flush-every {args.flush_every}", "must be at least 1")
-    output_format(Path(args.output))  # refuse an unknown extension before loading the model
-    read_job_manifest(args.input)  # and a manifest that cannot be read
+    from ..jobs.runner import JobSettings
+    from .options import dataclass_from_args
+
+    job = dataclass_from_args(args, JobSettings)
+    output_format(Path(job.output))  # refuse an unknown extension before loading the model
+    read_job_manifest(job.input)  # and a manifest that cannot be read
     settings = settings_from_args(args)
-    common = dict(resume=args.resume, overwrite=args.overwrite, flush_every=args.flush_every)
+    common = dict(resume=job.resume, overwrite=job.overwrite, flush_every=job.flush_every)
     if args.ray:
         from ..jobs.ray_runner import RayExecutor, _require_ray
 
@@ -62,13 +54,13 @@ def run_batch(args: argparse.Namespace) -> int:
             gpus_per_replica=args.gpus_per_replica,
             cpus_per_preprocess=args.cpus_per_preprocess,
         )
-        summary = run(args.input, args.output, executor, **common)
+        summary = run(job.input, job.output, executor, **common)
         print(f"nvrm batch (ray, {args.replicas} replica(s)): {summary.line()}")
         return 0
     from ..scoring import RewardModel
 
     with RewardModel.from_pretrained(args.model, settings=settings) as model:
-        summary = run(args.input, args.output, LocalExecutor(model, batch_rows=args.flush_every), **common)
+        summary = run(job.input, job.output, LocalExecutor(model, batch_rows=job.flush_every), **common)
     print(f"nvrm batch: {summary.line()}")
     return 0
 

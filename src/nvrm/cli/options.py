@@ -53,7 +53,12 @@ def add_dataclass_args(parser: argparse._ActionsContainer, cls: type, *, exclude
             caster = kind if kind in (int, float, str) else str
             choices = f.metadata.get("choices")
             shown = "" if default is None else f" (default {default})"
-            target.add_argument(flag, dest=dest, type=caster, default=default, choices=choices, metavar=None if choices else f.name.upper(), help=help_text + shown)
+            required = bool(f.metadata.get("required"))
+            shown = "" if required else shown
+            target.add_argument(
+                flag, dest=dest, type=caster, default=None if required else default, required=required,
+                choices=choices, metavar=None if choices else f.name.upper(), help=help_text + shown,
+            )
 
 
 def dataclass_from_args(args: argparse.Namespace, cls: type, **extra: Any) -> Any:

@@ -83,7 +83,8 @@ def is_packed(backbone) -> bool:
     return getattr(backbone.language_model.config, "_attn_implementation", None) == PACKED_ATTENTION
 
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {name: getattr(torch, name) for name in ("bfloat16", "float16", "float32")}
+"""torch dtypes by name (the same names as ``nvrm.flags.DTYPE_NAMES``; the forward imports nothing else of nvrm)."""
 
 
 class RewardHead(nn.Module):

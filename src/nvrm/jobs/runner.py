@@ -19,11 +19,12 @@ import itertools
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence, TextIO
 
-from ..errors import InternalError, NvrmError
+from ..errors import ConfigError, InternalError, NvrmError
+from ..flags import meta
 from ..results import result_row
 from .manifest import RowProblem, Unit, pending, read_job_manifest
 from .sink import open_sink
@@ -31,6 +32,23 @@ from .sink import open_sink
 log = logging.getLogger(__name__)
 
 DEFAULT_FLUSH_EVERY = 32
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What one ``nvrm batch`` run reads and writes (its flags are generated from these fields)."""
+
+    input: str = field(default="", metadata=meta("manifest.jsonl (rows with id, prompt, context, candidate(s))", required=True))
+    output: str = field(default="", metadata=meta("scores file: .jsonl, .csv or .parquet", required=True))
+    resume: bool = field(default=False, metadata=meta("skip rows already in the output and append the rest"))
+    overwrite: bool = field(default=False, metadata=meta("replace an existing output"))
+    flush_every: int = field(default=DEFAULT_FLUSH_EVERY, metadata=meta("rows scored between durable writes"))
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other: keep the output's rows, or replace them")
+        if self.flush_every < 1:
+            raise ConfigError(f"--flush-every {self.flush_every}: must be at least 1")
 
 
 class Executor(Protocol):

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError
+from ..flags import meta as _help
 
 
-def _help(text: str, **extra: Any) -> dict[str, Any]:
-    return {"help": text, **extra}
 
 
 @dataclass(frozen=True)
