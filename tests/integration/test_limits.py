@@ -213,3 +213,14 @@ def test_a_ten_minute_context_at_1_fps_passes_the_default_limits():
     L.check_context_frames(len(context_ticks(600.0, C)), "ctx")
     with pytest.raises(LimitError, match="max_context_samples=600"):
         L.check_context_frames(len(context_ticks(601.0, C)), "ctx")
+
+
+def test_the_sequence_limit_holds_on_every_path(tiny_bundle):
+    """score, score_batch, score_group and exact mode all refuse a sequence over max_sequence_tokens."""
+    ctx = Clip(moving_square(8, 64, 80, seed=1), fps=4)
+    with RewardModel.from_pretrained(tiny_bundle, device="cpu", limits=Limits(max_sequence_tokens=100)) as m:
+        with pytest.raises(LimitError, match="max_sequence_tokens=100"):
+            m.score("p", ctx, CAND)
+        assert isinstance(m.score_batch([("p", ctx, CAND)], errors="return")[0], LimitError)
+        assert isinstance(m.score_group("p", ctx, [CAND], errors="return")[0], LimitError)
+        assert isinstance(m.score_group("p", ctx, [CAND], errors="return", exact=True)[0], LimitError)
