@@ -53,7 +53,7 @@ step() {  # step NAME SECONDS ARGS... : one nvrm command, its JSON to $OUT/NAME.
 
 # 1. the bundle (random weights, real shapes), built once and reused by every step
 say "building the $ARCH bench bundle"
-timeout 150 "$PY" -c "from nvrm.bench.common import build_bench_bundle; print(build_bench_bundle('$ARCH'))" >>"$LOG" 2>&1 || say "bundle build failed"
+timeout 150 "$PY" -c "from nvrm.bench.harness import build_bench_bundle; print(build_bench_bundle('$ARCH'))" >>"$LOG" 2>&1 || say "bundle build failed"
 
 # 2. the RL workload: G = 8, 16, 32, 64 with in-memory 480x832 frames, 10 s context, 5 s candidates
 step rl 240 bench --workload rl --arch "$ARCH" --G "$GS" --n-groups "$NGROUPS" --size "$SIZE" --context-s 10 --fps 8

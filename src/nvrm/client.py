@@ -155,6 +155,26 @@ class _Body:
         return {"files": files, "headers": headers}
 
 
+_DONE = object()
+
+
+def _advance(plan, reply: Any) -> tuple:
+    """The plan's next exchange after ``reply`` (an answer, or a ``ServiceError`` to throw into it), or
+    ``(_DONE, value)`` when it has finished."""
+    try:
+        return plan.throw(reply) if isinstance(reply, ServiceError) else plan.send(reply)
+    except StopIteration as stop:
+        return (_DONE, stop.value)
+
+
+def _outcome(call) -> Any:
+    """``call()``'s answer, or the ``ServiceError`` it raised (for the plan to handle)."""
+    try:
+        return call()
+    except ServiceError as e:
+        return e
+
+
 class RewardClient:
     """A client of one ``nvrm serve`` URL (or a Ray Serve route in front of several replicas)."""
 
@@ -284,22 +304,14 @@ class RewardClient:
 
     def _body(self, inline: bool = False) -> _Body:
         sampling = self.sampling() if self.presample else None
-        return _Body(self.transport, sampling, self._holds if self.context_refs else None, inline)
+        return _Body(self.transport, sampling, self._held if self.context_refs else None, inline)
 
-    def _holds(self, ref: str) -> bool:
-        """Whether the server holds context ``ref``: known from this client's earlier requests, else asked
-        (``GET /v1/contexts/<ref>``, routed like the requests that will name it)."""
+    def _held(self, ref: str) -> bool:
+        """Whether this client has seen the server hold context ``ref`` (no request; ``_plan`` asks)."""
         if ref in self._known:
             self._known.move_to_end(ref)
             return True
-        try:
-            self._request("GET", f"/v1/contexts/{ref}", headers={ROUTE_HEADER: ref})
-        except ServiceError as e:
-            if e.code in ("context_unknown", None) or (e.status or 0) in (404, 405):
-                return False  # not held (or a server without the store): send it inline
-            raise
-        self._remember(ref)
-        return True
+        return False
 
     def _items(self, items: Sequence[Any], exact: bool, inline: bool = False) -> tuple[_Body, dict[str, Any]]:
         body = self._body(inline)
@@ -319,38 +331,55 @@ class RewardClient:
         }
         return body, payload
 
-    def _post(self, path: str, build) -> Any:
-        """POST ``build(inline)``. Contexts the server holds go by ref; if it lost one meanwhile (409
-        ``context_unknown``: evicted, or another replica), the request goes again with them inline.
-        After a success the server holds every context of the request (it keeps inline ones)."""
+    def _plan(self, path: str, build):
+        """The exchanges of one scoring call, without I/O: yields ``(method, path, kwargs)``, is sent each
+        answer (or thrown its ``ServiceError``), and returns the final answer. ``_post`` runs it with the
+        sync client, ``_apost`` with the async one.
+
+        Contexts this client has not seen held are asked about first (``GET /v1/contexts/<hash>``,
+        routed like the requests that name them); held ones go by ref, the rest inline (the server
+        keeps them). If the server lost one meanwhile (409 ``context_unknown``: evicted, or another
+        replica), the request goes again with every context inline."""
         body, payload = build(False)
+        unknown = [ref for ref in body.refs if ref not in self._known]
+        for ref in unknown:
+            try:
+                yield "GET", f"/v1/contexts/{ref}", {"headers": {ROUTE_HEADER: ref}}
+                self._remember(ref)
+            except ServiceError as e:
+                if e.code not in ("context_unknown", None) and (e.status or 0) not in (404, 405):
+                    raise  # anything but "not held" (or a server without the store)
+        if any(ref in self._known for ref in unknown):
+            body, payload = build(False)  # some of them go by ref after all
         try:
-            out = self._request("POST", path, **body.request(payload))
+            out = yield "POST", path, body.request(payload)
         except ServiceError as e:
             if e.code != "context_unknown" or not body.by_ref:
                 raise
             for ref in body.refs:
                 self._known.pop(ref, None)
             body, payload = build(True)
-            out = self._request("POST", path, **body.request(payload))
+            out = yield "POST", path, body.request(payload)
         for ref in body.refs:
             self._remember(ref)
         return out
 
+    def _post(self, path: str, build) -> Any:
+        """Run ``_plan`` with the sync client."""
+        plan, reply = self._plan(path, build), None
+        while (step := _advance(plan, reply))[0] is not _DONE:
+            reply = _outcome(lambda: self._request(step[0], step[1], **step[2]))
+        return step[1]
+
     async def _apost(self, path: str, build) -> Any:
-        body, payload = build(False)
-        try:
-            out = await self._arequest("POST", path, **body.request(payload))
-        except ServiceError as e:
-            if e.code != "context_unknown" or not body.by_ref:
-                raise
-            for ref in body.refs:
-                self._known.pop(ref, None)
-            body, payload = build(True)
-            out = await self._arequest("POST", path, **body.request(payload))
-        for ref in body.refs:
-            self._remember(ref)
-        return out
+        """Run ``_plan`` with the async client."""
+        plan, reply = self._plan(path, build), None
+        while (step := _advance(plan, reply))[0] is not _DONE:
+            try:
+                reply = await self._arequest(step[0], step[1], **step[2])
+            except ServiceError as e:
+                reply = e
+        return step[1]
 
     def _remember(self, ref: str) -> None:
         self._known[ref] = None

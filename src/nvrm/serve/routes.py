@@ -131,6 +131,12 @@ def parse_upload(state, raw: bytes, content_type: str) -> dict[str, Any]:
 def install(app: FastAPI, state) -> None:
     config, metrics = state.config, state.metrics
 
+    def refused(e: InputError) -> JSONResponse:
+        """A request refused before any work: its status and code (400 ``bad_request`` for a plain input error), counted."""
+        status, code = (e.status, e.code) if isinstance(e, RequestError) else (400, "bad_request")
+        metrics.rejected.labels(reason=code).inc()
+        return json_error(status, code, str(e))
+
     def not_ready() -> JSONResponse | None:
         if state.model is None:
             return json_error(503, "not_ready", state.load_error or "model is loading", {"Retry-After": "2"})
@@ -178,12 +184,8 @@ def install(app: FastAPI, state) -> None:
             raw = await read_body(request, config.max_body_bytes)
             metrics.upload_bytes.labels(endpoint="contexts").inc(len(raw))
             answer = await asyncio.to_thread(parse_upload, state, raw, request.headers.get("content-type", ""))
-        except RequestError as e:
-            metrics.rejected.labels(reason=e.code).inc()
-            return json_error(e.status, e.code, str(e))
         except InputError as e:
-            metrics.rejected.labels(reason="bad_request").inc()
-            return json_error(400, "bad_request", str(e))
+            return refused(e)
         metrics.context_kept.inc()
         return answer
 
@@ -207,12 +209,8 @@ def install(app: FastAPI, state) -> None:
             raw = await read_body(request, config.max_body_bytes)
             metrics.upload_bytes.labels(endpoint=kind).inc(len(raw))
             work = await asyncio.to_thread(parse_work, state, raw, request.headers.get("content-type", ""), kind)
-        except RequestError as e:
-            metrics.rejected.labels(reason=e.code).inc()
-            return json_error(e.status, e.code, str(e))
         except InputError as e:
-            metrics.rejected.labels(reason="bad_request").inc()
-            return json_error(400, "bad_request", str(e))
+            return refused(e)
         metrics.parse.observe(work.cpu_seconds)
         metrics.context_hash.observe(work.hash_seconds)
         metrics.receive.observe(time.perf_counter() - t - work.cpu_seconds - work.hash_seconds)
