@@ -99,11 +99,12 @@ def test_requests_naming_one_context_go_to_the_replica_that_holds_it(ray_server,
     url, _, _ = ray_server
     client = RewardClient(url, api_key="k")
     inline = []  # per request: whether its context travelled inline (first time, or after a miss)
+    builds = []
     build = client._group
 
     def group(*args, **kw):
         body, payload = build(*args, **kw)
-        inline.append(not body.by_ref)
+        builds.append(not body.by_ref)  # the last build of a request is the body that was sent
         return body, payload
 
     client._group = group
@@ -111,7 +112,8 @@ def test_requests_naming_one_context_go_to_the_replica_that_holds_it(ray_server,
     for rnd in range(4):
         for k in range(6):
             ctx = CONTEXTS[k]
-            out = client._post("/v1/score_group", lambda inline: client._group(f"p{k}", ctx, CANDS[:1], False, inline))
+            out = client._post("/v1/score_group", lambda inline_: client._group(f"p{k}", ctx, CANDS[:1], False, inline_))
+            inline.append(builds[-1])
             answered.setdefault(k, []).append(out["replica"])
             if rnd == 0:
                 assert out["results"][0]["reward"] == model.score(f"p{k}", ctx, CANDS[0]).reward
