@@ -126,3 +126,28 @@ def test_short_and_bad_clips_still_fail_in_their_own_slot(server):
     short = Clip(moving_square(30, 64, 96, seed=3), fps=16)  # 1.9 s: the client cannot sample it
     out = client.score_group("p", CTX, [GROUP[0], short], errors="return")
     assert out[0].reward is not None and isinstance(out[1], Exception) and "1.88 s" in str(out[1])
+
+
+def test_clients_naming_one_context_share_its_prefill(server, model):
+    """Requests from different clients that name one context (by ref) share its prepared frames and prefill."""
+    import threading
+
+    ctx = Clip(moving_square(12, 64, 96, seed=91), fps=4)
+    RewardClient(server.url).score("r", ctx, GROUP[0])  # the first client sends it inline; the server keeps it
+    m0 = metrics(server)
+    out, barrier = [None] * 4, threading.Barrier(4)
+
+    def one(i):
+        c = RewardClient(server.url)
+        barrier.wait()
+        out[i] = c.score("r", ctx, GROUP[1 + i]).reward
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    m1 = metrics(server)
+    assert out == [model.score("r", ctx, c).reward for c in GROUP[1:5]]
+    assert m1["nvrm_shared_context_items_total"] - m0.get("nvrm_shared_context_items_total", 0) == 4  # every one shared
+    assert m1.get('nvrm_context_store_total{result="hit"}', 0) - m0.get('nvrm_context_store_total{result="hit"}', 0) >= 4

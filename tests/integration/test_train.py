@@ -118,8 +118,19 @@ def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path
     p = pairs[0]
     for cand in (p.chosen, p.rejected):
         assert loaded.score(p.prompt, p.context, cand).reward == merged.score(p.prompt, p.context, cand).reward
-    base = RewardModel.from_pretrained(tiny_bundle, device="cpu")
-    assert loaded.score(p.prompt, p.context, p.chosen).reward != base.score(p.prompt, p.context, p.chosen).reward
+    # training changed the merged weights (compared as weights: two bf16 rewards may round alike by luck)
+    import torch
+
+    def weights(folder):
+        out = {}
+        for f in folder.glob("model*.safetensors"):
+            with safe_open(str(f), "pt") as h:
+                out.update({k.removeprefix("model."): h.get_tensor(k).float() for k in h.keys()})
+        return out
+
+    before, after = weights(tiny_bundle), weights(bundle)
+    changed = [k for k in after if not torch.equal(before[k], after[k])]
+    assert any("q_proj" in k or "v_proj" in k for k in changed), changed[:5]
 
 
 def test_mismatch_pairs_score_the_rejected_side_under_its_own_prompt_and_context(tiny_bundle, tmp_path):
