@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.nvrm-installed
 
-.PHONY: demo test fuzz install system-deps bench clean
+.PHONY: demo test fuzz test-trainers install system-deps bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ test: $(STAMP) system-deps
 # Property-based sweeps over the request schema and the clip/fps/shape space (a few minutes).
 fuzz: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m fuzz $(PYTEST_ARGS)
+
+# verl 0.9.1 in an environment of its own (its dependencies come from the registry, ~2 GB) calling
+# nvrm's verl functions through a server; set NVRM_VERL_ENV=DIR to keep and reuse that environment.
+test-trainers: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m trainers $(PYTEST_ARGS)
 
 # Debian packages the tests need: chromium renders the HTML report in a real
 # browser. (PyAV bundles its own FFmpeg, so no system ffmpeg is needed.)

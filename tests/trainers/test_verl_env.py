@@ -1,0 +1,69 @@
+"""verl 0.9.1 itself calls nvrm's verl functions (opt-in: ``make test-trainers``).
+
+verl needs transformers 5, so it gets an environment of its own: torch 2.13 (CPU, local wheel),
+verl 0.9.1 and its dependencies from the package registry (about 2 GB, a few minutes), and the
+nvrm-client wheel built from this checkout. verl's ``get_custom_reward_fn`` loads ``nvrm/rl/verl.py``
+by path and its ``NaiveRewardManager`` scores through an ``nvrm serve`` started from this project's
+environment, in URL mode. Not part of ``make test``: it downloads verl's dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import Server
+
+pytestmark = pytest.mark.trainers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(cmd, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def verl_env(tmp_path_factory):
+    venv = Path(os.environ.get("NVRM_VERL_ENV", tmp_path_factory.mktemp("verl") / "venv"))
+    py = venv / "bin" / "python"
+    if not py.exists():
+        run([sys.executable, "-m", "venv", str(venv)])
+        run([str(py), "-m", "pip", "install", "-q", "--find-links", "/opt/wheels", "torch==2.13.0", "verl==0.9.1"], timeout=1800)
+    dist = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT / "client")], cwd=ROOT / "client")
+    run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *map(str, dist.glob("*.whl"))])
+    return py
+
+
+def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo_model, tmp_path):
+    model, ctx, cands = demo_model
+    server = Server(model.path, "--allow-dir", str(ctx.parent))
+    try:
+        out = json.loads(run([str(verl_env), str(ROOT / "tests/trainers/verl_callsite.py"), server.url, str(ctx), str(cands["smooth"]), str(cands["frozen"])],
+                             cwd=tmp_path, timeout=600).strip().splitlines()[-1])
+    finally:
+        server.stop()
+    assert out["verl"] == "0.9.1"
+    want = [r.reward for r in model.score_group("A square glides across a tiled floor.", ctx, [cands["smooth"], cands["frozen"]])]
+    assert out["scores"] == [want[0], want[1], want[0], want[1]] and out["ok"] == [1.0] * 4
+    assert want[0] > want[1]  # the reward follows what the policy wrote
+    assert "RewardFnError" in out["missing_prompt"] and "extra_info['prompt']" in out["missing_prompt"]
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    from nvrm import RewardModel
+    from nvrm.cli.demo import demo_bundle_path, write_demo_clips
+
+    ctx, cands = write_demo_clips(tmp_path_factory.mktemp("democlips"))
+    m = RewardModel.from_pretrained(demo_bundle_path(), device="cpu")
+    yield m, ctx, cands
+    m.close()
