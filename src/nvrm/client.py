@@ -413,6 +413,18 @@ class RewardClient:
 
     # ------------------------------------------------------------ API
 
+    def upload_context(self, context: Any) -> str:
+        """Keep ``context`` (a ``Clip``, sampled by the server's contract, or video bytes) on the server and
+        return its content hash; later requests from any client that hash it name it by ref. A trainer
+        that holds a group's context can upload it once before its rollout workers score."""
+        if self.sampling() is None:
+            raise ServiceError("this server publishes no contract to sample by (or presample=False); send contexts inline")
+        body = _Body(self.transport, self.sampling(), None, True)
+        video = body.video(context, "context", "context")
+        ref = self._request("POST", "/v1/contexts", **body.request({"context": video}))["ref"]
+        self._remember(ref)
+        return ref
+
     def score(self, prompt: str, context: Any, candidate: Any, *, exact: bool = False) -> ScoreResult:
         """Reward for one (prompt, context, candidate), like ``RewardModel.score``; raises on an error."""
         return self.score_batch([(prompt, context, candidate)], errors="raise", exact=exact)[0]  # type: ignore[return-value]

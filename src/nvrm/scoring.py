@@ -272,8 +272,7 @@ class RewardModel:
     def info(self) -> dict[str, Any]:
         """What is loaded and how it runs (path, revision, device, dtype, contract, engine)."""
         return {
-            "path": str(self.path) if self.path else None,
-            "revision": self.revision,
+            "path": str(self.path) if self.path else None, "revision": self.revision,
             "device": str(self.device),
             "dtype": str(self.backbone.dtype).replace("torch.", ""),
             "contract": self.contract.fingerprint,
@@ -281,8 +280,7 @@ class RewardModel:
             "chat_template": getattr(self.processor, "_nvrm_template_source", "processor"),
             "max_batch_tokens": self.max_batch_tokens,
             "workers": {"count": self.engine.workers, "kind": self.engine.kind},
-            "pixel_codec": self.engine.codec is not None,
-            "packed_batches": self.packed,
+            "pixel_codec": self.engine.codec is not None, "packed_batches": self.packed,
         }
 
 

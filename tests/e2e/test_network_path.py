@@ -151,3 +151,14 @@ def test_clients_naming_one_context_share_its_prefill(server, model):
     assert out == [model.score("r", ctx, c).reward for c in GROUP[1:5]]
     assert m1["nvrm_shared_context_items_total"] - m0.get("nvrm_shared_context_items_total", 0) == 4  # every one shared
     assert m1.get('nvrm_context_store_total{result="hit"}', 0) - m0.get('nvrm_context_store_total{result="hit"}', 0) >= 4
+
+
+def test_a_trainer_uploads_a_context_once_and_workers_name_it(server, model):
+    ctx = Clip(moving_square(12, 64, 96, seed=93), fps=4)
+    ref = RewardClient(server.url).upload_context(ctx)
+    assert httpx.get(server.url + f"/v1/contexts/{ref}").status_code == 200
+    before = sent(server, "group")
+    got = RewardClient(server.url).score_group("u", ctx, GROUP[:2])  # a worker that never sent it
+    cand_bytes = len(npy_bytes(GROUP[0].take([0] * 5)))
+    assert sent(server, "group") - before < 2 * cand_bytes + 4096  # only the candidates travelled
+    assert [r.reward for r in got] == [r.reward for r in model.score_group("u", ctx, GROUP[:2])]

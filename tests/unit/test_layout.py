@@ -106,3 +106,14 @@ def test_the_public_api_agrees_with_itself():
         assert getattr(nvrm, name) is not None, name  # every lazy name resolves to its module's object
     for name in eager:
         assert name in vars(nvrm), name
+
+
+def test_the_central_classes_stay_small():
+    """RewardModel and the service's Scheduler hold one concern each (loading, streaming, the forward and
+    the execution of work live elsewhere); under 250 lines keeps them readable."""
+    sizes = {}
+    for rel in ("scoring.py", "serve/scheduler.py", "serve/execution.py", "forward/runtime.py"):
+        for node in ast.parse((SRC / rel).read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                sizes[node.name] = node.end_lineno - node.lineno + 1
+    assert sizes["RewardModel"] < 250 and sizes["Scheduler"] < 250, sizes

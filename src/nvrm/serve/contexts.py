@@ -163,6 +163,14 @@ class ContextStore:
         """Whether ``ref`` is stored (not counted as a lookup)."""
         return ref in self._entries
 
+    def peek(self, ref: str):
+        """The stored media for ``ref`` or None, not counted as a lookup (a context that came inline again)."""
+        with self._lock:
+            entry = self._entries.get(ref)
+            if entry is not None:
+                self._entries.move_to_end(ref)
+        return entry[0] if entry is not None else None
+
     def get(self, ref: str):
         """The stored media for ``ref`` (now most recently used), or None; counted as a hit or a miss."""
         with self._lock:

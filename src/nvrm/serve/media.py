@@ -229,16 +229,26 @@ def to_media(
     return Media(Clip(arr, fps, name=label), key("frames", raw, f"|{fps!r}"))
 
 
-def stored(media: Media, fingerprint: str) -> tuple[str, Media, int]:
-    """An uploaded context as the store keeps it: (its ref, a copy that owns its memory, bytes)."""
+def ref_of(media: Media, fingerprint: str) -> str:
+    """The content hash a context is stored under (read from its key when ``to_media`` made one)."""
+    if media.key.startswith("ref:"):
+        return media.key[4:]
+    value = media.value
+    if isinstance(value, Sampled):
+        return context_ref(fingerprint, frames=np.stack([np.asarray(f) for f in value.frames]), times=value.plan.times)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return context_ref(fingerprint, data=value)
+    raise InputError("context", "only sampled frames (with times and sampled) or encoded video bytes can be uploaded")
+
+
+def stored(media: Media, ref: str) -> tuple[Media, int]:
+    """An uploaded context as the store keeps it under ``ref``: (a copy that owns its memory, its bytes)."""
     value = media.value
     if isinstance(value, Sampled):
         frames = np.stack([np.asarray(f) for f in value.frames])  # a copy: the request body is freed
-        ref = context_ref(fingerprint, frames=frames, times=value.plan.times)
         kept = Sampled(tuple(frames[i] for i in range(len(frames))), value.plan, f"context {ref[:12]}", "context")
-        return ref, Media(kept, "ref:" + ref), int(frames.nbytes)
+        return Media(kept, "ref:" + ref), int(frames.nbytes)
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
-        ref = context_ref(fingerprint, data=data)
-        return ref, Media(data, "ref:" + ref), len(data)
+        return Media(data, "ref:" + ref), len(data)
     raise InputError("context", "only sampled frames (with times and sampled) or encoded video bytes can be uploaded")

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from ..errors import InputError, RequestError, ShuttingDown
 from ..protocol import ContextUpload, ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
 from ..results import item_dict
-from .media import HASH_SECONDS, stored, to_media
+from .media import HASH_SECONDS, ref_of, stored, to_media
 from .metrics import CONTENT_TYPE_LATEST
 from .middleware import json_error
 from .transport import parse_body, read_body
@@ -87,10 +87,13 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         # client) name it by ref, and share its prepared frames and prefill with this one
         inline = video.times is not None or video.data is not None or (video.part is not None and video.fps is None)
         if inline and state.store.max_bytes > 0:
-            ref, kept, size = stored(m, state.model.contract.fingerprint)
-            if not state.store.holds(ref) and state.store.put(ref, kept, size):
-                state.metrics.context_kept.inc()
-            m = kept
+            ref = ref_of(m, state.model.contract.fingerprint)
+            held = state.store.peek(ref)
+            if held is None:  # keep a copy that owns its memory (not a view of this request's body)
+                held, size = stored(m, ref)
+                if state.store.put(ref, held, size):
+                    state.metrics.context_kept.inc()
+            m = held
         return m
 
     if kind == "score":
@@ -120,7 +123,8 @@ def parse_upload(state, raw: bytes, content_type: str) -> dict[str, Any]:
     if req.context.times is None and req.context.data is None and (req.context.part is None or req.context.fps is not None):
         raise InputError("context", "frames are uploaded sampled (with times and sampled); read /v1/info for the contract's time plan")
     media = to_media(req.context, (), "context", body.parts, limits, role="context", contract=state.model.contract)
-    ref, kept, size = stored(media, state.model.contract.fingerprint)
+    ref = ref_of(media, state.model.contract.fingerprint)
+    kept, size = stored(media, ref)
     if state.store.max_bytes <= 0:
         raise RequestError("context", "context uploads are off on this server (--context-store-mb 0)", 403, "forbidden")
     if not state.store.put(ref, kept, size):
