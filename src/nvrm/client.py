@@ -296,7 +296,9 @@ class RewardClient:
                 try:
                     c = self.info()["contract"]
                     contract = Contract.from_dict(c["fields"])
-                    if contract.fingerprint == c["contract_fields_fingerprint"]:  # same contract code on both sides
+                    # a server that publishes its time plan takes sampled frames and refs (0.3+); and the
+                    # same contract code on both sides gives the same fingerprint
+                    if "sampling" in c and contract.fingerprint == c["contract_fields_fingerprint"]:
                         self._sampling = (contract, contract.fingerprint)
                 except (ServiceError, KeyError, TypeError, ValueError):
                     self._sampling = None
