@@ -13,7 +13,7 @@ import torch
 
 from .bundle import load_backbone, load_head, load_processor, read_config, read_integrity_manifest, resolve_bundle, verify_bundle
 from .contract import Contract
-from .errors import NvrmError
+from .errors import ConfigError, NvrmError
 from .forward.model import DTYPES, RewardHead
 from .numerics import ensure_cpu_sdpa
 from .settings import LoadSettings
@@ -78,7 +78,11 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     contract = contract or Contract.for_bundle(path)
     dev = torch.device(settings.device) if settings.device else default_device()
     attn = settings.attention or default_attention(dev)
-    ensure_cpu_sdpa()
+    if ensure_cpu_sdpa() and settings.compile and dev.type == "cpu":
+        raise ConfigError(
+            f"compile={settings.compile!r}: with ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')} on this AMX CPU, "
+            "torch 2.14's compiled attention crashes or returns NaN; run without --compile, or without lowering the capability"
+        )
     backbone = load_backbone(path, config, DTYPES[settings.dtype], attn)
     weight, bias = load_head(path, config.text_config.hidden_size)
     head = RewardHead(weight, bias, DTYPES[contract.head_dtype])

@@ -96,6 +96,12 @@ def machine_info() -> dict[str, object]:
 
 
 _SDPA_CHECKED = False
+_SDPA_DEGRADED = False
+
+
+def cpu_attention_degraded() -> bool:
+    """Whether this process runs attention on the math kernel because of the AMX/capability bug below."""
+    return _SDPA_DEGRADED
 
 
 def ensure_cpu_sdpa() -> bool:
@@ -107,11 +113,11 @@ def ensure_cpu_sdpa() -> bool:
     raises "pack_vnni2 is only supported when avx512 is supported". This probes one tiny call once per
     process; if it fails that way, the fused (flash) SDPA kernel is turned off for the process, so
     attention runs through the math kernel, in nvrm and in the reference alike (the process-wide flag is
-    what both read). Returns whether the kernel was turned off.
+    what both read). Returns whether the kernel is off for that reason (``cpu_attention_degraded``).
     """
-    global _SDPA_CHECKED
+    global _SDPA_CHECKED, _SDPA_DEGRADED
     if _SDPA_CHECKED:
-        return False
+        return _SDPA_DEGRADED
     _SDPA_CHECKED = True
     import logging
 
@@ -126,6 +132,7 @@ def ensure_cpu_sdpa() -> bool:
         if "pack_vnni" not in str(e):
             raise
     torch.backends.cuda.enable_flash_sdp(False)  # the process-wide flag; the CPU dispatcher reads it too
+    _SDPA_DEGRADED = True
     logging.getLogger("nvrm").warning(
         "ATEN_CPU_CAPABILITY=%s on a CPU with AMX: torch's fused bf16 attention cannot run there, so this "
         "process uses the math attention kernel (rewards stay equal to the reference run in the same process)",
