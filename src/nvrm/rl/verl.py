@@ -27,7 +27,7 @@ uses absolute imports only, and every setting arrives in the call:
 
 verl 0.9 needs transformers 5, while the runtime runs on the release profile (transformers
 4.57.6): in a verl process use URL mode (``model: http://...`` against ``nvrm serve`` started from
-nvrm's own environment). The URL path needs only ``nvrm[client]``.
+nvrm's own environment). The URL path needs only the ``nvrm-client`` distribution (``client/``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 from nvrm.rl.calls import refuse_unknown
 from nvrm.rl.verl_scorer import _LOAD_KEYS, VERL_EXTRAS, VerlScorer, VerlSettings, scorer_for
 from nvrm.errors import ConfigError
+
 
 def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None, **settings) -> dict:
     """verl's per-sample custom reward (NaiveRewardManager and the reward loop); settings from ``reward_kwargs``."""
@@ -64,10 +65,8 @@ def verl_compute_score(model_or_url: Any, **settings: Any):
     ``custom_reward_function`` at this file instead and put the settings in ``reward_kwargs``."""
     if not isinstance(model_or_url, str):
         refuse_unknown(settings, {f.name for f in dataclasses.fields(VerlSettings)} - {"model", "load"} | _LOAD_KEYS, "verl_compute_score")
-        scorer = VerlScorer.__new__(VerlScorer)
         fields = {k: v for k, v in settings.items() if k not in _LOAD_KEYS}
-        st = VerlSettings(model="<in-process model>", **fields)
-        VerlScorer.__init__(scorer, dataclasses.replace(st, model=model_or_url))  # type: ignore[arg-type]
+        scorer = VerlScorer(VerlSettings(model=model_or_url, **fields))  # an in-process RewardModel
     else:
         scorer = scorer_for({"model": model_or_url, **settings})
 

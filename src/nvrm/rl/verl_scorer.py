@@ -28,7 +28,8 @@ _LOAD_KEYS = {"device", "dtype", "verify", "max_batch_tokens", "workers", "worke
 class VerlSettings:
     """What ``reward_kwargs`` may hold."""
 
-    model: str
+    model: Any
+    """The URL of nvrm serve, a bundle path, or (from Python) a RewardModel."""
     context_key: str = "context_video"
     prompt_key: str = "prompt"
     candidate_key: str | None = None
