@@ -133,7 +133,7 @@ def ensure_cpu_sdpa() -> bool:
             raise
     torch.backends.cuda.enable_flash_sdp(False)  # the process-wide flag; the CPU dispatcher reads it too
     _SDPA_DEGRADED = True
-    logging.getLogger("nvrm").warning(
+    logging.getLogger("nvrm").info(  # a debugging configuration: said with --verbose, not on every command
         "ATEN_CPU_CAPABILITY=%s on a CPU with AMX: torch's fused bf16 attention cannot run there, so this "
         "process uses the math attention kernel (rewards stay equal to the reference run in the same process)",
         os.environ.get("ATEN_CPU_CAPABILITY"),
