@@ -147,23 +147,7 @@ def shared_context(url: str, round_: int, n: int = 8, stagger_s: float = 0.0) ->
     from an earlier round: only the sharing among the round's n requests is measured.
     With ``stagger_s`` request i starts i * stagger_s after the first (rollout workers that
     finish one after another); otherwise all start together."""
-    ctx = Clip(frames(10, 10_000 + round_), 1.0, name="shared")
-    cands = [Clip(frames(5, 300 + i), 1.0) for i in range(n)]
-    barrier = threading.Barrier(n)
-
-    def one(i: int) -> None:
-        c = RewardClient(url)
-        barrier.wait()
-        time.sleep(i * stagger_s)
-        c.score(PROMPT, ctx, cands[i])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return time.perf_counter() - t
+    return eight_clients(url, 10_000 + round_, True, n, stagger_s)
 
 
 def group_bytes(server: "Server", n: int = 8) -> dict:

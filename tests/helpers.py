@@ -93,3 +93,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+
+
+def run_checked(cmd, **kw) -> str:
+    """Run ``cmd``; its stdout, or an assertion error with the command and the tails of its output."""
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout

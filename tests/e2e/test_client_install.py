@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from helpers import Server
+from helpers import run_checked as run
 from nvrm import Clip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +36,6 @@ scores, info = flow_grpo_reward(sys.argv[1], fps=1.0, on_error="group_mean")("cp
 heavy = sorted(m for m in ("nvrm.scoring", "nvrm.engine", "av", "qwen_vl_utils") if m in sys.modules)
 print(json.dumps({"scores": scores, "failed": info["nvrm_failed"], "torch": torch.__version__, "transformers": transformers.__version__, "heavy": heavy}))
 """
-
-
-def run(cmd, **kw):
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")

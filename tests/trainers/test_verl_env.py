@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import Server
+from helpers import run_checked as run
 
 pytestmark = pytest.mark.trainers
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(cmd, **kw):
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
