@@ -241,24 +241,33 @@ def test_auth_and_request_timeout(tiny_bundle):
 def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
     s = Server(tiny_bundle, "--max-wait-ms", 50)
     results: list = []
+    warm = threading.Barrier(7)
 
     def hit(i):
         c = RewardClient(s.url, retries=0)
+        c.upload_context(CTX)  # now the scoring call is one POST, which SIGTERM must find in flight
+        warm.wait(60)
         try:
             results.append(c.score_group("p", CTX, CANDS))
         except Exception as e:  # noqa: BLE001
             results.append(e)
 
+    def total(text, start):
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(start))
+
     threads = [threading.Thread(target=hit, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
+    warm.wait(60)
     deadline = time.time() + 30
-    while time.time() < deadline:  # wait until requests are in flight
+    while time.time() < deadline:  # until all six requests are admitted or answered (an answer leaves admission first)
         m = httpx.get(s.url + "/metrics").text
-        depth = [float(line.split()[1]) for line in m.splitlines() if line.startswith("nvrm_items_admitted ")]
-        if depth and depth[0] > 0:
+        answered = total(m, 'nvrm_requests_total{endpoint="/v1/score_group",code="200"}')
+        if total(m, "nvrm_items_admitted ") + len(CANDS) * answered >= 6 * len(CANDS):
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
+    else:
+        pytest.fail(f"the six requests were not all admitted within 30 s:\n{m}")
     s.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(120)
