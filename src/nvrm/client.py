@@ -89,7 +89,9 @@ class _Body:
             return {"ref": ref}
         return inline()
 
-    def video(self, value: Any, where: str, role: str = "candidate") -> dict[str, Any]:
+    def video(self, value: Any, where: str, role: str = "candidate") -> "dict[str, Any] | None":
+        if value is None and role == "context":
+            return None  # no context (the server's contract must have the no_context opt-in)
         if isinstance(value, (str, os.PathLike)):
             return {"path": os.path.abspath(os.fspath(value))}
         if isinstance(value, (bytes, bytearray, memoryview)):

@@ -25,7 +25,7 @@ from .errors import BundleError, ConfigError
 from .flags import DTYPE_NAMES
 
 CONTRACT_FILENAME = "nvrm_contract.json"
-OFF_CONTRACT_OPTIONS = ("short_candidates",)
+OFF_CONTRACT_OPTIONS = ("short_candidates", "no_context")
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,11 @@ class Contract:
     """Off-contract opt-in: a candidate shorter than ``candidate_seconds`` is scored on the 1 FPS ticks
     it has (e.g. 3 frames for a 2.06 s clip) instead of being refused. Results that used it say so in
     ``off_contract``. Left out of the canonical form while off, so the release fingerprint is unchanged."""
+    no_context: bool = False
+    """Off-contract opt-in: a context given as ``None`` is scored with no context frames (text-to-video
+    rollouts with nothing before them). The layout keeps its text and has zero context images. The model
+    was trained with a preceding video, so such rewards carry ``off_contract`` ("no context"). Without
+    the opt-in a missing context is an error that names it. Left out of the canonical form while off."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []

@@ -172,6 +172,22 @@ def sample_input(
     )
 
 
+NO_CONTEXT = "<no context>"
+"""How a missing context (``None``, under ``Contract(no_context=True)``) is named."""
+
+
+def no_context(role: str, contract: Contract) -> PreparedVideo:
+    """The empty context of the ``no_context`` opt-in; a missing input is an error naming its slot otherwise."""
+    if role != "context":
+        raise InputError("None", "no candidate given; pass the video to score", role=role)
+    if not contract.no_context:
+        raise InputError(
+            "None", "no context given; pass the preceding video (a single image works), or opt in to scoring "
+            "without one with Contract(no_context=True) (off-contract)", role=role,
+        )
+    return PreparedVideo((), (), NO_CONTEXT, role, contract.fingerprint)
+
+
 def check_reusable(value: PreparedVideo, role: str, contract: Contract) -> PreparedVideo:
     """A PreparedVideo may be reused only in the slot and under the contract it was made for."""
     if value.role != role or value.contract != contract.fingerprint:
@@ -198,6 +214,8 @@ def prepare_input(
     if isinstance(value, PreparedVideo):
         return check_reusable(value, role, contract)
     _check_role(role)
+    if value is None:
+        return no_context(role, contract)
     try:
         if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)) and not (isinstance(value, str) and not value):
             name = describe(value)

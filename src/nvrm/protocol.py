@@ -58,7 +58,7 @@ class Video(_Strict):
 
 class Item(_Strict):
     prompt: str
-    context: Video
+    context: Video | None = Field(description="the preceding video; null (only where the server's contract has no_context) for none")
     candidate: Video
 
 
@@ -79,7 +79,7 @@ class GroupRequest(_Strict):
     """``POST /v1/score_group``: candidates that share one prompt and context (prefix reuse)."""
 
     prompt: str
-    context: Video
+    context: Video | None = Field(description="the preceding video; null (only where the server's contract has no_context) for none")
     candidates: Annotated[list[Video], Field(min_length=1)]
     exact: bool = False
 

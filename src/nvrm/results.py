@@ -86,10 +86,12 @@ def result_row(row: Any, index: int, result: "ScoreResult | BaseException", meta
         "num_tokens": None,
         "contract": meta["contract"],
         "model_revision": meta["model_revision"],
+        "off_contract": None,
     }
     if isinstance(result, BaseException):
         out["error"] = one_line(result)
     else:
         out["reward"] = result.reward
         out["num_tokens"] = result.num_tokens
+        out["off_contract"] = "; ".join(result.off_contract) or None  # the opt-ins this reward used, if any
     return out

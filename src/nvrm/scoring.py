@@ -287,6 +287,8 @@ class RewardModel:
 def off_contract_reasons(context: PreparedVideo, candidate: PreparedVideo, contract: Contract) -> tuple[str, ...]:
     """Which opt-ins an item actually used (a contract with an opt-in on scores ordinary items as usual)."""
     reasons = []
+    if not context.times:
+        reasons.append("no context")
     if len(candidate.times) < contract.candidate_frames:
         reasons.append(f"short candidate: {len(candidate.times)} of {contract.candidate_frames} frames")
     return tuple(reasons)

@@ -63,6 +63,7 @@ def check_rows(rows, expected, model, d):
     assert all("context" in by[("badctx", k)]["error"] and by[("badctx", k)]["reward"] is None for k in (0, 1))
     assert "manifest line 11: not valid JSON" in by[("line:11", 0)]["error"]
     for r in rows:
+        assert r["off_contract"] is None  # the release contract: nothing off it
         assert (r["reward"] is None) != (r["error"] is None)
         assert r["error"] is None or "\n" not in r["error"]
 
@@ -78,6 +79,19 @@ def test_batch_writes_one_row_per_candidate_and_reports(model, tiny_bundle, job,
     check_rows(read_rows(out), expected, model, d)
     assert main(["batch", "--model", str(tiny_bundle), "--input", str(d / "manifest.jsonl"), "--output", str(out)]) == 2
     assert "already exists; pass --resume" in capsys.readouterr().err
+
+
+def test_off_contract_rewards_are_named_in_their_rows_and_counted(job, tmp_path, capsys):
+    from nvrm.synth.bundles import build_tiny_bundle
+
+    d, _ = job
+    bundle = build_tiny_bundle(tmp_path / "short-ok", contract_overrides={"short_candidates": True})
+    out = tmp_path / "scores.jsonl"
+    assert main(["batch", "--model", str(bundle), "--input", str(d / "manifest.jsonl"), "--output", str(out)]) == 0
+    assert "scored 15 (1 off-contract: see each row's off_contract), failed 5" in capsys.readouterr().out
+    by = {(r["id"], r["candidate_index"]): r for r in read_rows(out)}
+    assert by[("g", 3)]["off_contract"] == "short candidate: 4 of 5 frames" and by[("g", 3)]["reward"] is not None
+    assert all(r["off_contract"] is None for k, r in by.items() if k != ("g", 3))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])

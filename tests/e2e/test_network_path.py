@@ -45,7 +45,7 @@ def sent(server, endpoint: str) -> float:
 def test_info_publishes_the_time_plan(server, model):
     info = httpx.get(server.url + "/v1/info").json()["contract"]
     assert info["contract_fields_fingerprint"] == model.contract.fingerprint
-    assert info["sampling"] == {"sample_fps": 1.0, "candidate_seconds": 5.0, "candidate_frames": 5, "max_context_frames": None, "short_candidates": False}
+    assert info["sampling"] == {"sample_fps": 1.0, "candidate_seconds": 5.0, "candidate_frames": 5, "max_context_frames": None, "short_candidates": False, "no_context": False}
 
 
 def test_a_group_uploads_over_ten_times_fewer_bytes_with_equal_rewards(server, model):
@@ -162,3 +162,33 @@ def test_a_trainer_uploads_a_context_once_and_workers_name_it(server, model):
     cand_bytes = len(npy_bytes(GROUP[0].take([0] * 5)))
     assert sent(server, "group") - before < 2 * cand_bytes + 4096  # only the candidates travelled
     assert [r.reward for r in got] == [r.reward for r in model.score_group("u", ctx, GROUP[:2])]
+
+
+def test_no_context_over_the_network_only_where_the_server_opts_in(server, tmp_path):
+    import dataclasses
+
+    from nvrm import Contract, RewardModel
+    from nvrm.errors import ConfigError
+    from nvrm.rl.scorer import RewardSource
+    from nvrm.synth.bundles import build_tiny_bundle
+
+    cands = GROUP[:3]
+    refused = RewardClient(server.url).score_group("p", None, cands, errors="return")
+    assert all(e.code == "invalid_input" and "no_context=True" in str(e) for e in refused), refused
+    with pytest.raises(ConfigError, match=r"no_context=True: the server at .* nvrm_contract.json"):
+        RewardSource(server.url, no_context=True)
+    bundle = build_tiny_bundle(tmp_path / "open", contract_overrides={"no_context": True})
+    s = Server(bundle, "--max-wait-ms", 10)
+    try:
+        local = RewardModel.from_pretrained(bundle, device="cpu")
+        assert local.contract == dataclasses.replace(Contract.for_bundle(bundle), no_context=True)
+        want = [r.reward for r in local.score_group("p", None, cands)]
+        client = RewardClient(s.url)
+        got = client.score_group("p", None, cands)
+        assert [r.reward for r in got] == want and all(r.off_contract == ("no context",) for r in got)
+        batch = client.score_batch([("p", None, c) for c in cands] + [("p", CTX, cands[0])])
+        assert [r.off_contract for r in batch] == [("no context",)] * 3 + [()]
+        assert [r.reward for r in batch[:3]] == pytest.approx(want, abs=0)  # packed batches equal score on the CPU
+        assert RewardSource(s.url, no_context=True).score(["p"], [None], [cands[0]])[0][0].reward == want[0]
+    finally:
+        s.stop()

@@ -11,10 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
+import torch
+from PIL import Image
+
 from ..inputs import PreparedVideo, prepare_input
 from ..prompt import check_prompt, images_kwargs
 from .encode import Encoded, GroupEncoded, encode_group, encode_item
 from .workers import WorkerState
+
+
+_BLANK = Image.new("RGB", (32, 32))
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,9 @@ def encode_video(state: WorkerState, video: PreparedVideo) -> PreparedVideo:
     """Attach the vision input (codec patches, or the processor's pixel values)."""
     if video.encoded:
         return video
+    if not video.images:  # the no-context opt-in: zero rows of the layout one frame would have
+        pixels, grid = encode_video(state, dataclasses.replace(video, images=(_BLANK,))).pixels, None
+        return dataclasses.replace(video, pixels=pixels[:0], grid=torch.zeros((0, 3), dtype=torch.long))
     if state.codec is not None:
         pixels, grid = state.codec.encode(video.images)
     else:

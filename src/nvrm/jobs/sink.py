@@ -25,7 +25,7 @@ from .manifest import Key
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("id", "candidate_index", "candidate", "reward", "error", "num_tokens", "contract", "model_revision")
+COLUMNS = ("id", "candidate_index", "candidate", "reward", "error", "num_tokens", "contract", "model_revision", "off_contract")
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -155,6 +155,7 @@ class Sink:
                 ("num_tokens", pa.int64()),
                 ("contract", pa.string()),
                 ("model_revision", pa.string()),
+                ("off_contract", pa.string()),
             ]
         )
         table = pa.Table.from_pylist([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema)

@@ -96,16 +96,19 @@ class Call:
     errors: dict[int, str]
 
 
-def check_items(prompts: Sequence[Any], contexts: Sequence[Any], candidates: Sequence[Any], *, prompt_name: str, context_name: str) -> Call:
-    """Missing prompts and contexts are errors naming their key; failed conversions keep their message."""
+def check_items(
+    prompts: Sequence[Any], contexts: Sequence[Any], candidates: Sequence[Any], *, prompt_name: str, context_name: str, no_context: bool = False
+) -> Call:
+    """Missing prompts and contexts are errors naming their key (a missing context is scored without one
+    only under the ``no_context`` opt-in); failed conversions keep their message."""
     errors: dict[int, str] = {}
     for i, (p, c, v) in enumerate(zip(prompts, contexts, candidates)):
         if p is None:
             errors[i] = f"item {i}: no prompt ({prompt_name} is missing or None)"
         elif not isinstance(p, str):
             errors[i] = f"item {i}: the prompt ({prompt_name}) is {type(p).__name__}, not text"
-        elif c is None:
-            errors[i] = f"item {i}: no context ({context_name} is missing or None)"
+        elif c is None and not no_context:
+            errors[i] = f"item {i}: no context ({context_name} is missing or None; no_context=True scores without one, off-contract)"
         elif isinstance(v, BaseException):
             errors[i] = str(v)
     return Call(list(prompts), list(contexts), list(candidates), errors)

@@ -28,6 +28,8 @@ def _context_key(prompt: str, context: Any):
         return (prompt, "bytes", hashlib.sha256(bytes(context)).hexdigest())
     if isinstance(context, Clip):
         return (prompt, "obj", id(context))
+    if context is None:  # the no-context opt-in: one group per prompt
+        return (prompt, "none")
     return None
 
 
@@ -76,31 +78,42 @@ def shared_model(path: Any, **load: Any):
 class RewardSource:
     """Scores (prompt, context, candidate) items, grouped by shared (prompt, context)."""
 
-    def __init__(self, model_or_url: Any, *, api_key: str | None = None, short_candidates: bool = False, **load: Any):
+    def __init__(self, model_or_url: Any, *, api_key: str | None = None, short_candidates: bool = False, no_context: bool = False, **load: Any):
+        """``short_candidates`` and ``no_context`` ask for the contract's off-contract opt-ins: a bundle path
+        is loaded with them on; a model or a server must already have them (refused otherwise, never ignored)."""
         self.client = None
         self.model = None
+        wanted = {name: True for name, on in (("short_candidates", short_candidates), ("no_context", no_context)) if on}
         if is_url(model_or_url):
             from ..client import RewardClient
 
             self.client = RewardClient(model_or_url, api_key=api_key, **load)
-            if short_candidates:
-                raise ConfigError("short_candidates=True: an option of the server's contract in URL mode; start nvrm serve with it")
+            if wanted:
+                served = (self.client.info().get("contract") or {}).get("fields") or {}
+                missing = [name for name in wanted if not served.get(name)]
+                if missing:
+                    raise ConfigError(
+                        f"{', '.join(f'{n}=True' for n in missing)}: the server at {model_or_url} scores with the release "
+                        f"contract; put {', '.join(repr(n) for n in missing)}: true in its bundle's nvrm_contract.json and restart it"
+                    )
         elif hasattr(model_or_url, "score_groups"):
             self.model = model_or_url
-            if short_candidates and not model_or_url.contract.short_candidates:
+            missing = [name for name in wanted if not getattr(model_or_url.contract, name)]
+            if missing:
                 raise ConfigError(
-                    "short_candidates=True, but the model given was loaded with the release contract; load it with "
-                    "RewardModel.from_pretrained(path, contract=Contract(short_candidates=True)) or pass the bundle path"
+                    f"{', '.join(f'{n}=True' for n in missing)}, but the model given was loaded without it; load it with "
+                    f"RewardModel.from_pretrained(path, contract=Contract({', '.join(f'{n}=True' for n in missing)})) or pass the bundle path"
                 )
         elif model_or_url is None:
             raise ConfigError("no model: pass a RewardModel, a bundle path or the http(s):// URL of nvrm serve")
         else:
-            if short_candidates:
+            if wanted:
                 from ..contract import Contract
 
-                load = {**load, "contract": Contract.for_bundle(model_or_url) if os.path.isdir(os.fspath(model_or_url)) else Contract()}
-                load["contract"] = _with(load["contract"], short_candidates=True)
+                base = load.get("contract") or (Contract.for_bundle(model_or_url) if os.path.isdir(os.fspath(model_or_url)) else Contract())
+                load = {**load, "contract": _with(base, **wanted)}
             self.model = shared_model(model_or_url, **load)
+        self.no_context = no_context
 
     @property
     def remote(self) -> bool:

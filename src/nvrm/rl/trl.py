@@ -31,6 +31,7 @@ def trl_reward(
     on_error: Any = "none",
     normalize: Normalize | None = None,
     short_candidates: bool = False,
+    no_context: bool = False,
     api_key: str | None = None,
     name: str = "nvrm_reward",
     **load: Any,
@@ -50,13 +51,15 @@ def trl_reward(
         on_error: ``"none"`` (default: TRL's "not applicable"), ``"group_mean"``, ``"nan"``, ``"raise"`` or a number.
         normalize: optional shaping (``Normalize``); off by default.
         short_candidates: opt in to scoring candidates shorter than 5 s (off-contract; see ``Contract``).
+        no_context: opt in to scoring rows without a context (the column absent or None) with no context
+            frames (off-contract; see ``Contract``).
         name: the name TRL logs the reward under.
     """
     policy = FailurePolicy.parse(on_error, ("none", "group_mean", "nan", "raise"))
     hook = resolve(render)
     if hook is not None and candidate_key is not None:
         raise ConfigError("render= and candidate_key= both given: the candidate comes from one of them")
-    source = RewardSource(model_or_url, api_key=api_key, short_candidates=short_candidates, **load)
+    source = RewardSource(model_or_url, api_key=api_key, short_candidates=short_candidates, no_context=no_context, **load)
     monitor = SignalMonitor(name, "Make the candidate from the completion: trl_reward(..., render=your_renderer).")
 
     def reward(prompts, completions, completion_ids=None, **kwargs) -> list[Any]:
@@ -74,6 +77,8 @@ def trl_reward(
             texts = [text_of(p) for p in columns[prompt_key]]
         else:
             raise ConfigError(f"{name}: prompt_key={prompt_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
+        if context_key not in columns and no_context:
+            columns[context_key] = [None] * n
         if context_key not in columns:
             raise ConfigError(f"{name}: context_key={context_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
         if hook is not None:
@@ -86,12 +91,12 @@ def trl_reward(
             cands = [completion_as_path(c, i) for i, c in enumerate(completions)]
             if n and all(isinstance(c, BaseException) for c in cands):
                 raise ConfigError(f"{name}: no completion is a video path ({cands[0]}); the policy writes text, so pass render= to make videos from it")
-        call = check_items(texts, columns[context_key], cands, prompt_name=f"prompt_key={prompt_key or 'prompt'}", context_name=f"column {context_key!r}")
+        call = check_items(texts, columns[context_key], cands, prompt_name=f"prompt_key={prompt_key or 'prompt'}", context_name=f"column {context_key!r}", no_context=no_context)
         rewards, _, errors, results = score_call(source, call, policy=policy, normalize=normalize, monitor=monitor)
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
             log_metric(f"{name}/failed_fraction", len(errors) / max(n, 1))
-            if short_candidates:
+            if short_candidates or no_context:
                 log_metric(f"{name}/off_contract_fraction", sum(bool(r) for r in off_contract(results)) / max(n, 1))
         return rewards
 

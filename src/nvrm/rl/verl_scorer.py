@@ -36,6 +36,7 @@ class VerlSettings:
     render: Any = None
     on_error: Any = "raise"
     short_candidates: bool = False
+    no_context: bool = False
     coalesce_ms: float = 20.0
     api_key: str | None = None
     load: tuple = ()
@@ -91,7 +92,7 @@ class VerlScorer:
         if self.render is not None and settings.candidate_key is not None:
             raise ConfigError("verl reward_kwargs: render and candidate_key both given; the candidate comes from one of them")
         load = dict(settings.load)
-        self.source = RewardSource(settings.model, api_key=settings.api_key, short_candidates=settings.short_candidates, **load)
+        self.source = RewardSource(settings.model, api_key=settings.api_key, short_candidates=settings.short_candidates, no_context=settings.no_context, **load)
         self.monitor = SignalMonitor("nvrm verl reward", "Make the candidate from solution_str: reward_kwargs.render=module:function.")
         self.batcher = _Batcher(self._outcomes, settings.coalesce_ms / 1000.0)
         self._failed: OrderedDict[str, RewardFnError] = OrderedDict()
@@ -109,7 +110,7 @@ class VerlScorer:
             cands = [info.get(s.candidate_key) for info in infos]
         else:
             cands = [completion_as_path(solution, i) for i, solution in enumerate(solutions)]
-        return check_items(prompts, contexts, cands, prompt_name=f"extra_info[{s.prompt_key!r}]", context_name=f"extra_info[{s.context_key!r}]")
+        return check_items(prompts, contexts, cands, prompt_name=f"extra_info[{s.prompt_key!r}]", context_name=f"extra_info[{s.context_key!r}]", no_context=s.no_context)
 
     def _outcomes(self, items: list[tuple]) -> list[Any]:
         """One dict or one error per item (the per-sample path: a failure fails only its caller)."""

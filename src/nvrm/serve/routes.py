@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from ..errors import InputError, RequestError, ShuttingDown
 from ..protocol import ContextUpload, ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
 from ..results import item_dict
-from .media import HASH_SECONDS, ref_of, stored, to_media
+from .media import HASH_SECONDS, Media, ref_of, stored, to_media
 from .metrics import CONTENT_TYPE_LATEST
 from .middleware import json_error
 from .transport import parse_body, read_body
@@ -82,6 +82,8 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         return to_media(video, state.config.allow_dirs, where, body.parts, limits, keyed=keyed, role=role, contract=state.model.contract, store=state.store)
 
     def context(video, where: str):
+        if video is None:  # no context: the model's contract refuses it unless it has the no_context opt-in
+            return Media(None, "none")
         m = media(video, where, "context")
         # an inline sampled clip or video bytes is kept under its content hash: later requests (from any
         # client) name it by ref, and share its prepared frames and prefill with this one
@@ -174,6 +176,7 @@ def install(app: FastAPI, state) -> None:
                     "candidate_frames": m.contract.candidate_frames,
                     "max_context_frames": m.contract.max_context_frames,
                     "short_candidates": m.contract.short_candidates,
+                    "no_context": m.contract.no_context,
                 },
             },
             "limits": {**config.public(), **dataclasses.asdict(m.limits)},
