@@ -46,10 +46,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cap_address_space(gb: float) -> None:
+    """RLIMIT_AS for this process (call in a child: ``preexec_fn``): allocations past it fail."""
+    import resource
+
+    limit = int(gb * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 class Server:
     """``nvrm serve`` in a subprocess on a free loopback port, ready when constructed."""
 
-    def __init__(self, bundle, *extra, env=None):
+    def __init__(self, bundle, *extra, env=None, address_space_gb: float | None = None):
         import subprocess
         import sys
         import time
@@ -65,6 +73,7 @@ class Server:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            preexec_fn=None if address_space_gb is None else (lambda: cap_address_space(address_space_gb)),
         )
         deadline = time.time() + 180
         while time.time() < deadline:

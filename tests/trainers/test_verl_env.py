@@ -33,7 +33,10 @@ def verl_env(tmp_path_factory):
         run([str(py), "-m", "pip", "install", "-q", "--find-links", "/opt/wheels", "torch==2.13.0", "verl==0.9.1"], timeout=1800)
     dist = tmp_path_factory.mktemp("dist")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT / "client")], cwd=ROOT / "client")
-    run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *map(str, dist.glob("*.whl"))])
+    wheels = [str(w) for w in dist.glob("*.whl")]
+    run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *wheels])  # this checkout's code
+    run([str(py), "-m", "pip", "install", "-q", *wheels])  # and the client's own dependencies, beside verl's
+    run([str(py), "-m", "pip", "check"])
     return py
 
 

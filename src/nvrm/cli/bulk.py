@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .commands import add_model_args, load_model
-from .options import add_ray_args
+from .options import add_ray_args, check_outputs
 
 # ------------------------------------------------------------------ batch
 
@@ -84,6 +84,7 @@ def run_rank(args: argparse.Namespace) -> int:
 
     if args.html and not Path(args.html).resolve().parent.is_dir():
         raise InputError(args.html, "folder for the HTML report does not exist")
+    check_outputs({"--context": args.context, "CANDIDATE": args.candidates}, {"--html": args.html})
     model = load_model(args)
     jobs = [model.engine.submit_video(c, "candidate") for c in args.candidates]
     context = model.prepare_video(args.context, "context")
@@ -153,6 +154,7 @@ def run_eval(args: argparse.Namespace) -> int:
     plot = Path(args.plot) if args.plot else Path(Path(args.pairs).stem + ".rewards.png")
     if not plot.resolve().parent.is_dir():
         raise InputError(str(plot), "folder for the plot does not exist")
+    check_outputs({"--pairs": args.pairs}, {"--plot": plot})
     model = load_model(args)
     outcomes, problems = evaluate_pairs(model, pairs)
     for line in problems:

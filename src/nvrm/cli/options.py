@@ -84,3 +84,36 @@ def add_ray_args(p: argparse.ArgumentParser, *, what: str, replica: str) -> argp
     ray.add_argument("--replicas", type=int, default=1, help="model replicas (one model each)")
     ray.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (0 on CPU-only clusters)")
     return ray
+
+
+def check_outputs(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Refuse (before anything is read or written) an output that is one of the command's inputs, or
+    two outputs that are one file: writing would destroy the input or one of the results.
+
+    ``inputs`` and ``outputs`` map a flag (``"--input"``) to a path, or to a list of paths; None is skipped."""
+    import os
+    from pathlib import Path
+
+    from ..errors import InputError
+
+    def paths(named: dict[str, Any]):
+        for flag, value in named.items():
+            for p in value if isinstance(value, (list, tuple)) else [value]:
+                if p is not None:
+                    yield flag, Path(p)
+
+    def same(a: Path, b: Path) -> bool:
+        if a.resolve() == b.resolve():
+            return True
+        try:
+            return a.exists() and b.exists() and os.path.samefile(a, b)
+        except OSError:
+            return False
+
+    seen: list[tuple[str, Path]] = list(paths(inputs))
+    for flag, out in paths(outputs):
+        for other_flag, other in seen:
+            if same(out, other):
+                kind = "input" if other_flag in inputs else "output"
+                raise InputError(f"{flag} {out}", f"is the same file as the {kind} {other_flag} {other}; writing it would destroy it. Choose another file")
+        seen.append((flag, out))

@@ -30,18 +30,23 @@ def add_prefs_args(p: argparse.ArgumentParser) -> None:
 def run_filter(args: argparse.Namespace) -> int:
     """Clean a judgments file (drop malformed rows, duplicates, one-order-only and inconsistent judgments, cycles) and write the kept pairs. Returns 0."""
     from ..prefs.filter import filter_judgments
+    from .options import check_outputs
 
     path = Path(args.input)
     if not path.is_file():
         raise InputError(str(path), "judgments file not found")
+    check_outputs({"--input": path}, {"--output": args.output, "--removed": args.removed})
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(str(path), f"judgments file is not UTF-8 text ({e.reason})") from e
+        raw = path.read_bytes()
     except OSError as e:
         raise InputError(str(path), f"cannot read judgments file ({e.strerror})") from e
     rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, data in enumerate(raw.splitlines(), start=1):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as e:  # this row is malformed; the rest of the file is read
+            rows.append({"_line": n, "_error": f"not UTF-8 text ({e.reason} at byte {e.start})"})
+            continue
         if not line.strip():
             continue
         try:

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     Exit 1 when something is flagged, otherwise 2 when a clip or a perturbation could not be scored, else 0."""
     from ..probe import PERTURBATIONS, probe_many, summarize
     from .commands import load_model
+    from .options import check_outputs
 
     if args.list:
         for p in PERTURBATIONS.values():
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise InputError("nvrm probe", "needs --model DIR (a bundle directory or Hub repo id)")
+    check_outputs({"--context": args.context, "--candidate": args.candidate, "--input": args.input}, {"--html": args.html})
     items = _items(args)
     names = [n.strip() for n in args.perturbations.split(",")] if args.perturbations else None
     if names:

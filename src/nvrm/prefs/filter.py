@@ -55,6 +55,8 @@ class FilterResult:
 def _check(row: Any) -> str | None:
     if not isinstance(row, dict):
         return "not a JSON object"
+    if "_error" in row:  # a line the reader could not parse (its own reason)
+        return f"line {row.get('_line')}: {row['_error']}"
     for key in ("prompt", "context", "first", "second"):
         if not isinstance(row.get(key), str) or (key != "prompt" and not row.get(key)):
             return f"'{key}' must be a {'string' if key == 'prompt' else 'non-empty path string'}"

@@ -30,6 +30,7 @@ import base64
 import binascii
 import hashlib
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def load_npy(raw: "bytes | memoryview", where: str, limits: Limits) -> np.ndarra
         raise InputError(where, f"frames must be uint8, the .npy declares dtype {descr!r}")
     if fortran:
         raise InputError(where, "frames must be a C-ordered .npy array")
-    if len(shape) != 4 or shape[-1] != 3 or not all(isinstance(n, int) and n >= 0 for n in shape):
+    if len(shape) != 4 or not all(type(n) is int and n >= 0 for n in shape) or shape[-1] != 3:
         raise InputError(where, f"frames must have shape (T, H, W, 3), the .npy declares {shape}")
     t, h, w, _ = shape
     limits.check_source(w, h, where)
@@ -128,15 +129,22 @@ def confine_path(raw: str, allow_dirs: tuple[str, ...], where: str) -> str:
 
 
 def _file_key(path: str, where: str) -> str:
-    h = hashlib.sha256(path.encode("utf-8", "surrogateescape"))
+    """A content key for a file: sha256 over the length-prefixed path, then the bytes (no path/content
+    pair can collide with another). Only regular files are read: a FIFO or device would block the
+    parsing thread (opened non-blocking, checked, then read)."""
+    name = path.encode("utf-8", "surrogateescape")
+    h = hashlib.sha256(b"nvrm-file-v2\0" + len(name).to_bytes(8, "little") + name)
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return "missing:" + path  # the engine reports it in the item's slot
     except OSError as e:
         raise InputError(where, f"cannot read ({e.strerror})") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(where, "is not a regular file (a FIFO, socket or device); pass a video file")
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
     return "file:" + h.hexdigest()
 
 

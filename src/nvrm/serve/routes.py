@@ -65,13 +65,15 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
     HASH_SECONDS.value = 0.0
     limits = state.model.limits
     max_items = min(limits.max_request_items, state.config.max_queue_items)
-    body = parse_body(raw, content_type, max_items)
+    body = parse_body(raw, content_type, max_items, 2 * limits.max_context_samples)
     model = ScoreRequest if kind == "score" else GroupRequest
-    try:
-        req = model.model_validate(body.payload)
-    except ValidationError as e:
-        raise RequestError(*describe_validation_error(e)) from e
-    n = len(req.items) if kind == "score" else len(req.candidates)  # type: ignore[union-attr]
+    listed = body.payload.get("items" if kind == "score" else "candidates") if isinstance(body.payload, dict) else None
+    n = len(listed) if isinstance(listed, list) else 0  # counted before validation builds an error per element
+    if n <= max_items:
+        try:
+            req = model.model_validate(body.payload)
+        except ValidationError as e:
+            raise RequestError(*describe_validation_error(e)) from e
     if n > max_items:
         which = "max_request_items" if limits.max_request_items <= state.config.max_queue_items else "max_queue_items"
         raise RequestError("request", f"has {n} items; the limit is {max_items} per request ({which})", 413, "too_large")

@@ -8,12 +8,14 @@ Two forms (see ``nvrm.protocol``):
   encoded video), so frames travel as bytes, not base64 text.
 
 Hostile JSON is answered with a 4xx before it costs memory or a traceback:
-too many objects (counted on the raw bytes), nesting deeper than Python's
-parser allows, integers longer than it converts.
+too many objects or values (counted on the raw bytes, outside strings: a flat
+list of 25 million zeros has no braces), nesting deeper than Python's parser
+allows, integers longer than it converts.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,29 @@ from ..protocol import REQUEST_PART
 # A request is a handful of objects per item (the item, its context and its candidate):
 # more braces than this many per allowed item is not a scoring request.
 OBJECTS_PER_ITEM = 8
+# Values (commas) per item besides its videos' ``times`` lists (at most ``times_per_item`` entries).
+VALUES_PER_ITEM = 64
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[,{]')
+
+
+def _structure_over(raw: bytes, max_objects: int, max_values: int) -> str | None:
+    """Whether the JSON text has more objects or values than allowed, counting only outside strings
+    (a prompt may hold any number of commas and braces). Reads at most about ``max_objects +
+    max_values`` tokens: a hostile body is refused after a bounded scan, not after building it."""
+    if raw.count(b"{") <= max_objects and raw.count(b",") <= max_values:
+        return None  # the common case: even counting inside strings, it is under both bounds
+    objects = values = 0
+    for m in _TOKEN.finditer(raw):
+        c = m.group()
+        if c == b",":
+            values += 1
+            if values > max_values:
+                return "values"
+        elif c == b"{":
+            objects += 1
+            if objects > max_objects:
+                return "objects"
+    return None
 
 
 @dataclass
@@ -49,12 +74,13 @@ async def read_body(request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_json(raw: bytes, max_items: int, where: str = "request body") -> Any:
+def parse_json(raw: bytes, max_items: int, where: str = "request body", times_per_item: int = 1200) -> Any:
     """JSON with the guards above; a 400 (or 413) ``RequestError`` for anything unusable."""
     import json
 
-    if raw.count(b"{") > OBJECTS_PER_ITEM * max_items + 16:
-        raise RequestError(where, f"holds more JSON objects than {max_items} items can need", 413, "too_large")
+    over = _structure_over(raw, OBJECTS_PER_ITEM * max_items + 16, (VALUES_PER_ITEM + times_per_item) * max_items + 64)
+    if over is not None:
+        raise RequestError(where, f"holds more JSON {over} than {max_items} items can need", 413, "too_large")
     try:
         return json.loads(raw)
     except RecursionError as e:
@@ -67,7 +93,7 @@ def parse_json(raw: bytes, max_items: int, where: str = "request body") -> Any:
         raise RequestError(where, f"is not usable JSON ({' '.join(str(e).split())[:120]})") from e
 
 
-def parse_multipart(raw: bytes, content_type: str, max_items: int) -> Body:
+def parse_multipart(raw: bytes, content_type: str, max_items: int, times_per_item: int = 1200) -> Body:
     """A ``multipart/form-data`` body: the ``request`` part as JSON, the other parts as raw bytes (views)."""
     from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -125,14 +151,14 @@ def parse_multipart(raw: bytes, content_type: str, max_items: int) -> Body:
     request = parts.pop(REQUEST_PART, None)
     if request is None:
         raise RequestError("request body", f"multipart/form-data needs a {REQUEST_PART!r} part with the JSON request")
-    return Body(parse_json(bytes(request), max_items, f"{REQUEST_PART} part"), parts, len(raw))
+    return Body(parse_json(bytes(request), max_items, f"{REQUEST_PART} part", times_per_item), parts, len(raw))
 
 
-def parse_body(raw: bytes, content_type: str, max_items: int) -> Body:
+def parse_body(raw: bytes, content_type: str, max_items: int, times_per_item: int = 1200) -> Body:
     """Either form, by content type (JSON when none is given)."""
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind == "multipart/form-data":
-        return parse_multipart(raw, content_type, max_items)
+        return parse_multipart(raw, content_type, max_items, times_per_item)
     if kind not in ("", "application/json", "text/plain"):
         raise RequestError("request body", f"content type {kind!r} is not accepted; send application/json or multipart/form-data", 415, "unsupported_media_type")
-    return Body(parse_json(raw, max_items), {}, len(raw))
+    return Body(parse_json(raw, max_items, times_per_item=times_per_item), {}, len(raw))

@@ -32,6 +32,7 @@ import io
 import logging
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence, Union
@@ -76,6 +77,30 @@ def describe(source: VideoSource) -> str:
     return str(source)
 
 
+REFERENCING_DEMUXERS = frozenset({
+    "hls", "concat", "ffmetadata", "sdp", "rtp", "rtsp", "sap", "webm_dash_manifest", "lavfi",
+    "alsa", "oss", "fbdev", "kmsgrab", "x11grab", "video4linux2", "v4l2",
+})
+"""Demuxers that open other files or URLs named inside the input (playlists, concat lists, session
+descriptions) or read devices. FFmpeg never uses them here: a playlist inside ``--allow-dir`` could
+otherwise read a segment outside it. Every other demuxer PyAV's FFmpeg has is allowed."""
+
+
+def _demuxer_whitelist() -> str:
+    names = {n for f in av.formats_available for n in f.split(",")}
+    return ",".join(sorted(n for n in names if n not in REFERENCING_DEMUXERS))
+
+
+_OPEN_OPTIONS: dict[str, str] = {}
+
+
+def open_options() -> dict[str, str]:
+    """FFmpeg options of every open: whitelisted demuxers, and only the ``file`` protocol (for paths)."""
+    if not _OPEN_OPTIONS:
+        _OPEN_OPTIONS.update(format_whitelist=_demuxer_whitelist(), protocol_whitelist="file")
+    return _OPEN_OPTIONS
+
+
 def _open(source: VideoSource, name: str) -> av.container.InputContainer:
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
@@ -83,15 +108,21 @@ def _open(source: VideoSource, name: str) -> av.container.InputContainer:
         handle: object = io.BytesIO(bytes(source))
     else:
         path = Path(source)
-        if not path.exists():
-            raise InputError(name, "file not found")
-        if path.is_dir():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise InputError(name, "file not found") from None
+        except OSError as e:
+            raise InputError(name, f"cannot read ({e.strerror})") from None
+        if stat.S_ISDIR(st.st_mode):
             raise InputError(name, "is a directory, not a video file")
-        if path.stat().st_size == 0:
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, socket or device would block or never end
+            raise InputError(name, "is not a regular file (a FIFO, socket or device); pass a video file")
+        if st.st_size == 0:
             raise InputError(name, "file is empty (0 bytes)")
         handle = str(path)
     try:
-        return av.open(handle, mode="r")
+        return av.open(handle, mode="r", container_options=open_options())
     except av.FFmpegError as e:
         raise InputError(name, f"not a readable video ({_ffmpeg_reason(e)})") from e
     except (OSError, ValueError) as e:

@@ -1,0 +1,65 @@
+"""Hostile files and arguments for the commands that read and write files: each ends in one line on
+stderr and exit 2, or in a correct result, and no input file is ever overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from nvrm.cli.main import main
+
+ROW = {"prompt": "p", "context": "c.mp4", "first": "a.mp4", "second": "b.mp4", "winner": "first"}
+
+
+def judgments(tmp_path):
+    path = tmp_path / "judgments.jsonl"
+    flipped = {**ROW, "first": "b.mp4", "second": "a.mp4", "winner": "second"}
+    path.write_bytes(json.dumps(ROW).encode() + b"\n" + b'{"prompt": "\xff\xfe"}\n' + json.dumps(flipped).encode() + b"\n")
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--output", "--removed"])
+def test_prefs_filter_never_writes_over_its_input(tmp_path, capsys, flag):
+    path = judgments(tmp_path)
+    before = path.read_bytes()
+    args = ["prefs", "filter", "--input", str(path), "--output", str(tmp_path / "pairs.jsonl")]
+    args += ["--removed", str(path)] if flag == "--removed" else []
+    if flag == "--output":
+        args[args.index("--output") + 1] = str(tmp_path / "." / "judgments.jsonl")  # the same file, spelled otherwise
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"is the same file as the input --input" in err
+    assert path.read_bytes() == before
+
+
+def test_prefs_filter_outputs_must_differ(tmp_path, capsys):
+    path = judgments(tmp_path)
+    out = tmp_path / "pairs.jsonl"
+    assert main(["prefs", "filter", "--input", str(path), "--output", str(out), "--removed", str(out)]) == 2
+    assert "is the same file as the output --output" in capsys.readouterr().err
+
+
+def test_a_non_utf8_line_is_one_malformed_row(tmp_path, capsys):
+    path = judgments(tmp_path)
+    out, removed = tmp_path / "pairs.jsonl", tmp_path / "removed.jsonl"
+    assert main(["prefs", "filter", "--input", str(path), "--output", str(out), "--removed", str(removed)]) == 0
+    assert len(out.read_text().splitlines()) == 1  # the consistent pair of the two good rows
+    reasons = [json.loads(line) for line in removed.read_text().splitlines()]
+    assert [r["reason"] for r in reasons] == ["malformed"] and "not UTF-8" in reasons[0]["detail"]
+
+
+def test_eval_plot_and_rank_report_never_overwrite_their_inputs(tmp_path, capsys, tiny_bundle):
+    pairs = tmp_path / "pairs.png"
+    pairs.write_text("{}\n")
+    digest = hashlib.sha256(pairs.read_bytes()).hexdigest()
+    assert main(["eval", "--model", str(tiny_bundle), "--pairs", str(pairs), "--plot", str(pairs)]) == 2
+    assert "--plot" in capsys.readouterr().err and hashlib.sha256(pairs.read_bytes()).hexdigest() == digest
+    video = tmp_path / "cand.mp4"
+    video.write_bytes(b"x" * 10)
+    link = tmp_path / "link.html"
+    os.symlink(video, link)
+    assert main(["rank", "--model", str(tiny_bundle), "--prompt", "p", "--context", str(video), str(video), "--html", str(link)]) == 2
+    assert "is the same file as the input" in capsys.readouterr().err and video.read_bytes() == b"x" * 10
