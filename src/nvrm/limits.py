@@ -79,6 +79,17 @@ class Limits:
         if n > self.max_prompt_tokens:
             raise self._fail("prompt", f"has {n} tokens", "max_prompt_tokens", self.max_prompt_tokens)
 
+    PROMPT_BYTES_PER_TOKEN = 64
+    """A prompt longer than this many bytes per allowed token is refused without tokenising it."""
+
+    def check_prompt_bytes(self, size: int) -> None:
+        """Refuse, unread, a prompt of ``size`` UTF-8 bytes that no tokenisation could fit in the limit."""
+        if size > self.PROMPT_BYTES_PER_TOKEN * self.max_prompt_tokens:
+            raise self._fail(
+                "prompt", f"is {size} bytes, more than {self.PROMPT_BYTES_PER_TOKEN} bytes per token allows (refused without tokenising)",
+                "max_prompt_tokens", self.max_prompt_tokens,
+            )
+
     def check_sequence_tokens(self, n: int, where: str = "item") -> None:
         if n > self.max_sequence_tokens:
             raise self._fail(where, f"model sequence has {n} tokens", "max_sequence_tokens", self.max_sequence_tokens)

@@ -78,8 +78,7 @@ def check_prompt(processor, prompt: Any, limits=None) -> str:
     if limits is not None and size > limits.max_prompt_tokens:
         # a byte-level BPE token covers at least one byte: only a long prompt needs counting, and a
         # prompt far over the limit is refused without tokenising it at all
-        if size > 64 * limits.max_prompt_tokens:
-            limits.check_prompt_tokens(size // 64)
+        limits.check_prompt_bytes(size)
         limits.check_prompt_tokens(len(processor.tokenizer(prompt, add_special_tokens=False)["input_ids"]))
     vision, special = _reserved_tokens(processor)
     for token in vision:

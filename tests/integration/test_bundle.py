@@ -198,11 +198,12 @@ def test_digest_cache_is_not_fooled_by_a_restored_mtime(tmp_path, tiny_bundle):
         RewardModel.from_pretrained(b, device="cpu")
 
 
-@pytest.mark.parametrize("extra", ["chat_template.json", "chat_templates/extra.jinja", "nvrm_contract.json", "processor_config.json"])
+@pytest.mark.parametrize("extra", ["chat_template.json", "chat_templates/extra.jinja", "additional_chat_templates/default.jinja", "nvrm_contract.json", "processor_config.json", "tokenizer.model"])
 def test_unlisted_files_that_change_scoring_are_refused_when_verifying(tmp_path, tiny_bundle, extra):
     b = _copy(tiny_bundle, tmp_path)
     assert not (b / extra).exists()
-    content = {"nvrm_contract.json": "{}", "chat_templates/extra.jinja": "{{ messages }}"}.get(extra, '{"chat_template": "{{ messages }}"}')
+    content = {"nvrm_contract.json": "{}", "chat_templates/extra.jinja": "{{ messages }}", "additional_chat_templates/default.jinja": "{{ messages }}",
+               "tokenizer.model": "x"}.get(extra, '{"chat_template": "{{ messages }}"}')
     (b / extra).parent.mkdir(exist_ok=True)
     (b / extra).write_text(content)
     with pytest.raises(IntegrityError, match=f"{extra} is not listed"):

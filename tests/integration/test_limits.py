@@ -55,9 +55,12 @@ def test_a_megabyte_prompt_is_refused_without_tokenising_it(model, monkeypatch):
     tok = model.engine.processor.tokenizer
     real = type(tok).__call__
     monkeypatch.setattr(type(tok), "__call__", lambda self, *a, **k: calls.append(len(a[0]) if a else 0) or real(self, *a, **k))
-    with pytest.raises(LimitError, match=r"prompt: has \d+ tokens, over the limit max_prompt_tokens=4096"):
-        model.engine._workers.run_inline(__import__("nvrm.engine.tasks", fromlist=["item_job"]).item_job, "word " * 200_000, CAND, CAND)
-    assert not any(n > 100_000 for n in calls)  # the megabyte was never handed to the tokenizer
+    from nvrm.engine.tasks import item_job
+
+    for prompt in ("word " * 200_000, "a" * 262_145):  # a megabyte, and one byte past 64 bytes per allowed token
+        with pytest.raises(LimitError, match=rf"prompt: is {len(prompt)} bytes, more than 64 bytes per token allows \(refused without tokenising\)"):
+            model.engine._workers.run_inline(item_job, prompt, CAND, CAND)
+    assert not any(n > 100_000 for n in calls)  # neither was handed to the tokenizer
 
 
 def test_a_long_prompt_is_counted_and_refused(tiny_bundle):

@@ -142,16 +142,25 @@ SCORING_FILES = (
     "added_tokens.json",
     "chat_template.json",
     "chat_template.jinja",
+    "tokenizer.model",
+    "tokenizer.tiktoken",
+    "spiece.model",
+    "vocab.txt",
+    "image_processor_config.json",
 )
+TEMPLATE_DIRS = ("chat_templates", "additional_chat_templates")
+"""Folders of extra chat templates transformers reads (``additional_chat_templates/default.jinja``
+replaces the template from ``tokenizer_config.json``): every file in them counts as a scoring file."""
 
 
 def scoring_files(bundle: Path) -> list[str]:
     """Relative paths of every file present that can change a score (weights, configs, processor, template)."""
     names = {n for n in SCORING_FILES if (bundle / n).is_file()}
     names |= {p.name for p in bundle.glob("*.safetensors") if p.is_file()}
-    templates = bundle / "chat_templates"
-    if templates.is_dir():
-        names |= {p.relative_to(bundle).as_posix() for p in templates.rglob("*") if p.is_file()}
+    for folder in TEMPLATE_DIRS:
+        templates = bundle / folder
+        if templates.is_dir():
+            names |= {p.relative_to(bundle).as_posix() for p in templates.rglob("*") if p.is_file()}
     return sorted(names)
 
 
