@@ -50,6 +50,35 @@ def default_attention(device: torch.device) -> str:
     return "sdpa"
 
 
+def check_device(name: str) -> torch.device:
+    """The torch device ``name``, if this machine has it; a ``ConfigError`` naming it and the fix otherwise."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"device={name!r} is not a torch device ({' '.join(str(e).split())[:120]}); use cpu, cuda or cuda:N") from e
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device={name!r}: torch sees no CUDA device on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device={name!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif dev.type not in ("cpu", "meta") and not getattr(torch, dev.type, None):
+        raise ConfigError(f"device={name!r}: this torch has no {dev.type} backend; use cpu or cuda")
+    return dev
+
+
+def check_attention(attn: str, dev: torch.device) -> None:
+    """flash_attention_2 needs the flash_attn package and a CUDA device; refused clearly otherwise."""
+    if attn != "flash_attention_2":
+        return
+    if dev.type != "cuda":
+        raise ConfigError(f"attention='flash_attention_2' runs only on CUDA, and the device is {dev}; use --attention sdpa")
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("attention='flash_attention_2': the flash_attn package is not installed; install it or use --attention sdpa") from e
+
+
 def manifest_revision(path) -> str | None:
     """The revision a bundle's manifest records, if any (unverified loads)."""
     try:
@@ -76,8 +105,9 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     report = verify_bundle(path) if settings.verify else None
     config = read_config(path)
     contract = contract or Contract.for_bundle(path)
-    dev = torch.device(settings.device) if settings.device else default_device()
+    dev = check_device(settings.device) if settings.device else default_device()
     attn = settings.attention or default_attention(dev)
+    check_attention(attn, dev)
     if ensure_cpu_sdpa() and settings.compile and dev.type == "cpu":
         raise ConfigError(
             f"compile={settings.compile!r}: with ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')} on this AMX CPU, "

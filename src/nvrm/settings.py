@@ -15,6 +15,8 @@ from .errors import ConfigError
 from .limits import Limits
 from .flags import DTYPE_NAMES, meta as _help
 
+MAX_WORKERS = 256
+"""More preprocessing workers than this is a mistake (each holds a processor; processes fork)."""
 ATTENTION_NAMES = ("sdpa", "flash_attention_2", "eager")
 WORKER_KINDS = ("auto", "thread", "process")
 
@@ -60,8 +62,8 @@ class LoadSettings:
             problems.append(f"dtype={self.dtype!r} must be one of {', '.join(DTYPE_NAMES)}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             problems.append(f"max_batch_tokens={self.max_batch_tokens} must be >= 1")
-        if self.workers is not None and self.workers < 0:
-            problems.append(f"workers={self.workers} must be >= 0")
+        if self.workers is not None and not 0 <= self.workers <= MAX_WORKERS:
+            problems.append(f"workers={self.workers} must be in 0..{MAX_WORKERS}")
         if self.worker_kind not in WORKER_KINDS:
             problems.append(f"worker_kind={self.worker_kind!r} must be one of {', '.join(WORKER_KINDS)}")
         if self.attention is not None and self.attention not in ATTENTION_NAMES:

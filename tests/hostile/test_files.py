@@ -63,3 +63,42 @@ def test_eval_plot_and_rank_report_never_overwrite_their_inputs(tmp_path, capsys
     os.symlink(video, link)
     assert main(["rank", "--model", str(tiny_bundle), "--prompt", "p", "--context", str(video), str(video), "--html", str(link)]) == 2
     assert "is the same file as the input" in capsys.readouterr().err and video.read_bytes() == b"x" * 10
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "cuda:7"], "device='cuda:7'"),
+    (["--device", "tpu"], "device='tpu'"),
+    (["--attention", "flash_attention_2", "--device", "cpu"], "flash_attention_2"),
+    (["--workers", "100000"], "workers=100000 must be in 0..256"),
+])
+def test_impossible_load_settings_are_one_line(tiny_bundle, tmp_path, capsys, flags, message):
+    import torch
+
+    if flags[1] == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"never read")
+    assert main(["score", "--model", str(tiny_bundle), *flags, "--prompt", "p", "--context", str(clip), "--candidate", str(clip)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300"])
+def test_serve_size_flags_must_be_finite_budgets(tiny_bundle, capsys, value):
+    assert main(["serve", "--model", str(tiny_bundle), "--context-cache-mb", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "context_cache_mb" in err
+
+
+def test_an_unexpected_failure_is_one_line_without_v(monkeypatch, capsys):
+    def boom(args):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 275251200 bytes")
+
+    from nvrm.cli.main import build_parser
+
+    args = build_parser().parse_args(["score", "--model", "x", "--prompt", "p", "--context", "c", "--candidate", "c"])
+    args.run = boom
+    monkeypatch.setattr("nvrm.cli.main.build_parser", lambda: type("P", (), {"parse_args": lambda self, argv: args})())
+    assert main([]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nvrm: error: out of memory") and len(err.splitlines()) == 1

@@ -81,6 +81,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nvrm: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print("nvrm: error: out of memory (an allocation failed); lower the limits or batch sizes you raised, or give the process more memory", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the traceback with -v
+        if args.verbose:
+            raise
+        detail = " ".join(str(e).split())[:300]
+        if "allocate" in detail.lower() or "out of memory" in detail.lower():
+            print(f"nvrm: error: out of memory ({detail[:160]}); lower the limits or batch sizes you raised, or give the process more memory", file=sys.stderr)
+            return 1
+        print(f"nvrm: error: internal error: {type(e).__name__}: {detail} (rerun with -v for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..flags import meta as _help
+
+MAX_MB = 1 << 24
+"""Largest size flag accepted, in MiB (16 TiB): beyond it a number is a typo, not a budget."""
 
 
 
@@ -70,8 +74,11 @@ class ServeConfig:
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
-            if not ok:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is out of range")
+            value = getattr(self, name)
+            if not ok or (isinstance(value, float) and not math.isfinite(value)):
+                raise ConfigError(f"{name}={value!r} is out of range (a finite number is needed)")
+            if name.endswith("_mb") and value > MAX_MB:
+                raise ConfigError(f"{name}={value!r} is more than {MAX_MB} MiB; give the memory this server may use")
 
     @property
     def max_body_bytes(self) -> int:
