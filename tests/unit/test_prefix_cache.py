@@ -55,3 +55,33 @@ def test_clear_gives_everything_back():
     cache.put(("p", "x"), fake_prefix(10))
     cache.clear()
     assert cache.bytes == 0 and not cache.holds(("p", "x"))
+
+
+def _video(nbytes: int):
+    return SimpleNamespace(images=(), pixels=torch.zeros(nbytes, dtype=torch.uint8))
+
+
+def test_the_context_cache_never_holds_more_than_its_budget():
+    from concurrent.futures import Future
+
+    from nvrm.serve.contexts import ContextCache
+
+    def done(value):
+        f: Future = Future()
+        f.set_result(value)
+        return f
+
+    cache = ContextCache(1000)
+    big = cache.get_or_prepare("big", lambda: done(_video(5000)))
+    assert big.result().pixels.numel() == 5000 and cache.bytes == 0  # its request gets it; the cache does not keep it
+    pending: Future = Future()
+    cache.get_or_prepare("pending", lambda: pending)
+    for k in range(6):
+        cache.get_or_prepare(f"k{k}", lambda: done(_video(300)))
+        assert cache.bytes <= 1000
+    assert cache.bytes == 900
+    hits = []
+    cache._on_lookup = hits.append
+    cache.get_or_prepare("pending", lambda: done(_video(1)))  # still in flight: shared, not evicted
+    cache.get_or_prepare("k0", lambda: done(_video(300)))  # long evicted: prepared again
+    assert hits == [True, False]

@@ -24,7 +24,8 @@ def video_bytes(video) -> int:
 
 
 class ContextCache:
-    """key -> Future[PreparedVideo], at most ``max_bytes`` of finished entries (0 disables it)."""
+    """key -> Future[PreparedVideo], at most ``max_bytes`` of finished entries (0 disables it); an entry
+    larger than the whole budget is never kept."""
 
     def __init__(self, max_bytes: int, on_lookup: Callable[[bool], None] | None = None):
         self.max_bytes = max_bytes
@@ -67,11 +68,16 @@ class ContextCache:
                 del self._entries[key]  # a failure is not remembered: the next request tries again
                 return
             size = video_bytes(future.result())
+            if size > self.max_bytes:  # larger than the whole budget: its requests get it, the cache does not
+                del self._entries[key]
+                return
             self._entries[key] = (future, size)
             self._bytes += size
-            while self._bytes > self.max_bytes and len(self._entries) > 1:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= dropped
+            # least recently used finished entries go first; in-flight ones hold no bytes yet and stay
+            for old in [k for k, (f, n) in self._entries.items() if n > 0 and k != key]:
+                if self._bytes <= self.max_bytes:
+                    break
+                self._bytes -= self._entries.pop(old)[1]
 
 
 def prefix_bytes(prefix) -> int:
