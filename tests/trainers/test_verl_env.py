@@ -1,10 +1,11 @@
-"""verl 0.9.1 itself calls nvrm's verl functions (opt-in: ``make test-trainers``).
+"""verl 0.9.1 itself calls nvrm's verl functions (part of ``make test``; alone: ``make test-trainers``).
 
 verl needs transformers 5, so it gets an environment of its own: torch 2.13 (CPU, local wheel),
 verl 0.9.1 and its dependencies from the package registry (about 2 GB, a few minutes), and the
 nvrm-client wheel built from this checkout. verl's ``get_custom_reward_fn`` loads ``nvrm/rl/verl.py``
 by path and its ``NaiveRewardManager`` scores through an ``nvrm serve`` started from this project's
-environment, in URL mode. Not part of ``make test``: it downloads verl's dependencies.
+environment, in URL mode. It downloads verl's dependencies from the registry (about 3 minutes on a
+2-core machine); ``NVRM_VERL_ENV=DIR`` keeps and reuses that environment.
 """
 
 from __future__ import annotations
