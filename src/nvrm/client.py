@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import OrderedDict
 from typing import Any, Literal, Sequence
 
@@ -177,6 +178,12 @@ def _outcome(call) -> Any:
         return e
 
 
+def _whole(streamed: httpx.Response, body: bytearray) -> httpx.Response:
+    """A streamed answer, read (and decoded) into ``body``, as an ordinary response."""
+    headers = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(streamed.status_code, headers=headers, content=bytes(body), request=streamed.request)
+
+
 class RewardClient:
     """A client of one ``nvrm serve`` URL (or a Ray Serve route in front of several replicas)."""
 
@@ -191,12 +198,13 @@ class RewardClient:
         transport: Transport = "binary",
         presample: bool = True,
         context_refs: bool = True,
+        max_response_bytes: int = 16 << 20,
     ):
         """
         Args:
             url: the service's base URL, e.g. ``http://127.0.0.1:8000``.
             api_key: bearer token when the server was started with ``--api-key-env``.
-            timeout: seconds for one HTTP exchange.
+            timeout: seconds for one HTTP exchange as a whole (a slowly trickled answer is cut off too).
             retries: extra attempts on connection errors and 502/503/504 (honouring ``Retry-After``).
             backoff: first backoff in seconds; doubles per attempt, with jitter.
             transport: ``"binary"`` (multipart with raw ``.npy``/video parts) or ``"json"`` (base64).
@@ -204,6 +212,7 @@ class RewardClient:
             context_refs: name contexts (sampled clips, video bytes) by content hash and upload each
                 one once. Both need the server's contract, read once from ``/v1/info``; ``context_refs``
                 works only with ``presample``.
+            max_response_bytes: the largest answer read (a score answer is a few hundred bytes per item).
         """
         if transport not in ("binary", "json"):
             raise ValueError(f"transport must be 'binary' or 'json', got {transport!r}")
@@ -215,6 +224,7 @@ class RewardClient:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.presample = presample
         self.context_refs = context_refs
+        self.max_response_bytes = max_response_bytes
         self._sampling: "tuple[Any, str] | None | bool" = False  # not read yet
         self._known: "OrderedDict[str, None]" = OrderedDict()  # context refs this client saw held by the server
         self._sync: httpx.Client | None = None
@@ -257,7 +267,12 @@ class RewardClient:
             for attempt in Retrying(**self._policy()):
                 with attempt:
                     try:
-                        response = self._sync.request(method, self.url + path, **kwargs)
+                        deadline = time.monotonic() + self.timeout
+                        with self._sync.stream(method, self.url + path, **kwargs) as r:
+                            body = bytearray()
+                            for chunk in r.iter_bytes():
+                                body += self._bounded(chunk, body, deadline)
+                            response = _whole(r, body)
                     except httpx.TransportError as e:
                         raise _Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
                     return self._check(response)
@@ -271,12 +286,25 @@ class RewardClient:
             async for attempt in AsyncRetrying(**self._policy()):
                 with attempt:
                     try:
-                        response = await self._async.request(method, self.url + path, **kwargs)
+                        deadline = time.monotonic() + self.timeout
+                        async with self._async.stream(method, self.url + path, **kwargs) as r:
+                            body = bytearray()
+                            async for chunk in r.aiter_bytes():
+                                body += self._bounded(chunk, body, deadline)
+                            response = _whole(r, body)
                     except httpx.TransportError as e:
                         raise _Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
                     return self._check(response)
         except _Retryable as e:
             raise e.error from None
+
+    def _bounded(self, chunk: bytes, body: bytearray, deadline: float) -> bytes:
+        """``chunk``, unless the answer has passed the size cap or the exchange its deadline."""
+        if len(body) + len(chunk) > self.max_response_bytes:
+            raise ServiceError(f"{self.url}: the answer is larger than max_response_bytes={self.max_response_bytes}; not read further")
+        if time.monotonic() > deadline:
+            raise _Retryable(ServiceError(f"{self.url}: the answer took longer than timeout={self.timeout:g} s in all"), None)
+        return chunk
 
     @staticmethod
     def _failure(response: httpx.Response) -> ServiceError:

@@ -85,7 +85,7 @@ class GroupRequest(_Strict):
 
 
 class ErrorDetail(BaseModel):
-    code: str = Field(description="bad_request, too_large, forbidden, unauthorized, overloaded, timeout, not_ready, "
+    code: str = Field(description="bad_request, too_large, request_timeout, forbidden, unauthorized, overloaded, timeout, not_ready, "
                       "shutting_down, internal; per item: invalid_input, contract_violation, limit_exceeded, internal")
     message: str = Field(description="one line naming the input and the reason")
 

@@ -102,3 +102,27 @@ def test_an_unexpected_failure_is_one_line_without_v(monkeypatch, capsys):
     assert main([]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("nvrm: error: out of memory") and len(err.splitlines()) == 1
+
+
+def test_display_rotation_is_not_applied_and_said_once(tmp_path, caplog):
+    import logging
+    import struct
+
+    from nvrm import Contract
+    from nvrm.inputs import prepare_input
+    from nvrm.synth.clips import moving_square, write_video
+
+    plain = write_video(tmp_path / "plain.mp4", moving_square(48, 64, 96, seed=1), 8)
+    data = bytearray(plain.read_bytes())
+    i = data.index(b"tkhd")
+    off = i + 4 + (1 + 3 + 4 * 5 if data[i + 4] == 0 else 1 + 3 + 8 * 3 + 4 * 2) + 8 + 8  # the tkhd display matrix
+    data[off : off + 36] = struct.pack(">9i", 0, 0x10000, 0, -0x10000, 0, 0, 0, 0, 0x40000000)  # rotate 90
+    rotated = tmp_path / "rotated.mp4"
+    rotated.write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="nvrm"):
+        a = prepare_input(plain, "candidate", Contract())
+        b = prepare_input(rotated, "candidate", Contract())
+        prepare_input(rotated, "candidate", Contract())
+    said = [r.getMessage() for r in caplog.records if "display rotation" in r.getMessage()]
+    assert len(said) == 1 and "rotated.mp4: display rotation -90° is not applied" in said[0]
+    assert [im.tobytes() for im in a.images] == [im.tobytes() for im in b.images]  # scored as stored

@@ -124,3 +124,38 @@ def test_a_npy_header_with_a_boolean_dimension_is_a_clean_error(server, jail):
     r = httpx.post(server.url + "/v1/score_group", files=files)
     assert r.status_code in (400, 422), r.text
     assert "must have shape (T, H, W, 3)" in r.text and "internal" not in r.text
+
+
+def test_slow_bodies_time_out_and_connections_are_capped(tiny_bundle):
+    import socket
+
+    s = Server(tiny_bundle, "--body-timeout-s", 2, "--max-connections", 4, address_space_gb=CAP_GB)
+    socks = []
+    try:
+        slow = socket.create_connection(("127.0.0.1", s.port))
+        slow.sendall(b"POST /v1/score HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+        t0 = time.monotonic()
+        slow.settimeout(10)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += slow.recv(4096)
+            slow.sendall(b" ")  # a byte at a time: never the whole body
+            time.sleep(0.5)
+        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 6, answer[:200]
+        slow.close()
+        for _ in range(4):  # hold every allowed connection with a request whose body never ends
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"POST /v1/score HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+            socks.append(c)
+        time.sleep(0.3)
+        assert httpx.get(s.url + "/healthz").status_code == 503  # refused at once, not queued behind them
+        for c in socks:
+            c.close()
+        socks.clear()
+        time.sleep(2.5)
+        assert httpx.get(s.url + "/healthz").status_code == 200
+        alive(s)
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()

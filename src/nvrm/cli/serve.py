@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             # the scheduler answers what is still open at the drain deadline; uvicorn waits a
             # little longer so those answers are written before it closes the connections
             timeout_graceful_shutdown=config.drain_timeout_s + 2,
+            limit_concurrency=config.max_connections,
             lifespan="on",
         )
     )

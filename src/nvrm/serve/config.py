@@ -36,6 +36,8 @@ class ServeConfig:
     )
     max_queue_items: int = field(default=1024, metadata=_help("items admitted (preparing, waiting or scoring) before new requests get 503"))
     max_body_mb: float = field(default=64.0, metadata=_help("request body size limit, enforced while the body streams in"))
+    body_timeout_s: float = field(default=30.0, metadata=_help("a request body must arrive whole within this many seconds (slow senders get 408)"))
+    max_connections: int = field(default=512, metadata=_help("open connections and requests at once; more get 503 at once (uvicorn's limit_concurrency)"))
     request_timeout_s: float = field(default=120.0, metadata=_help("per-request deadline: a JSON 504 after it, and its items are dropped before their forward"))
     drain_timeout_s: float = field(default=60.0, metadata=_help("on SIGTERM, how long in-flight requests may take to finish"))
     context_cache_mb: float = field(
@@ -67,6 +69,8 @@ class ServeConfig:
             "max_queue_items": self.max_queue_items >= 1,
             "max_body_mb": self.max_body_mb > 0,
             "request_timeout_s": self.request_timeout_s > 0,
+            "body_timeout_s": self.body_timeout_s > 0,
+            "max_connections": self.max_connections >= 1,
             "drain_timeout_s": self.drain_timeout_s >= 0,
             "context_cache_mb": self.context_cache_mb >= 0,
             "prefix_cache_mb": self.prefix_cache_mb >= 0,

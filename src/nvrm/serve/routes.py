@@ -190,7 +190,7 @@ def install(app: FastAPI, state) -> None:
         if (busy := not_ready()) is not None:
             return busy
         try:
-            raw = await read_body(request, config.max_body_bytes)
+            raw = await read_body(request, config.max_body_bytes, config.body_timeout_s)
             metrics.upload_bytes.labels(endpoint="contexts").inc(len(raw))
             answer = await asyncio.to_thread(parse_upload, state, raw, request.headers.get("content-type", ""))
         except InputError as e:
@@ -215,7 +215,7 @@ def install(app: FastAPI, state) -> None:
             return busy
         t = time.perf_counter()
         try:
-            raw = await read_body(request, config.max_body_bytes)
+            raw = await read_body(request, config.max_body_bytes, config.body_timeout_s)
             metrics.upload_bytes.labels(endpoint=kind).inc(len(raw))
             work = await asyncio.to_thread(parse_work, state, raw, request.headers.get("content-type", ""), kind)
         except InputError as e:

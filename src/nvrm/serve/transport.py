@@ -59,18 +59,25 @@ class Body:
     size: int = 0
 
 
-async def read_body(request, max_bytes: int) -> bytes:
-    """The whole body, refused (413) as soon as it passes ``max_bytes``."""
+async def read_body(request, max_bytes: int, timeout_s: float | None = None) -> bytes:
+    """The whole body, refused (413) as soon as it passes ``max_bytes``, and (408) when it has not
+    arrived whole within ``timeout_s``: a client sending a byte every few seconds holds nothing for long."""
+    import asyncio
+
     length = request.headers.get("content-length")
     too_large = RequestError("request body", f"is larger than the limit of {max_bytes} bytes", 413, "too_large")
     if length is not None and (not length.isdigit() or int(length) > max_bytes):
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError("request body", f"did not arrive whole within {timeout_s:g} s ({size} bytes came; --body-timeout-s)", 408, "request_timeout") from None
     return b"".join(chunks)
 
 

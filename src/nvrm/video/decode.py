@@ -358,7 +358,7 @@ def _read_seeking(source: VideoSource, role: str, contract: Contract, limits: Li
                 if frame.pts != index.pts[pos]:
                     raise _Mismatch
                 if pos in wanted:
-                    image = frame.to_image()
+                    image = _image(frame, name)
                     kept[pos] = transform(image, times[pos]) if transform else image
                 if pos == stop:
                     break
@@ -366,6 +366,27 @@ def _read_seeking(source: VideoSource, role: str, contract: Contract, limits: Li
             else:
                 raise _Mismatch  # the stream ended before the index said it would
     return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, decoded, "seek")
+
+
+_ROTATED: set[str] = set()
+
+
+def _note_rotation(frame: av.VideoFrame, name: str) -> None:
+    """The contract scores frames as stored: display rotation (a phone video's rotation=90) is not
+    applied, as the release's decoders do not apply it. Said once per input, never silently."""
+    rotation = getattr(frame, "rotation", 0) or 0
+    if rotation and name not in _ROTATED:
+        if len(_ROTATED) < 4096:
+            _ROTATED.add(name)
+        log.warning(
+            "%s: display rotation %d° is not applied; the contract scores frames as stored (rotate the pixels "
+            "first if the model should see them upright)", name, rotation,
+        )
+
+
+def _image(frame: av.VideoFrame, name: str) -> Image.Image:
+    _note_rotation(frame, name)
+    return frame.to_image()
 
 
 def _checked_stream(container: "av.container.InputContainer", role: str, name: str, limits: Limits):
@@ -384,7 +405,7 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract, limits:
     name = describe(source)
 
     def keep(frame: av.VideoFrame, t: float) -> Image.Image:
-        image = frame.to_image()
+        image = _image(frame, name)
         return transform(image, t) if transform else image
 
     with _open(source, name) as container:
@@ -464,6 +485,7 @@ def decode_frames(source: VideoSource, *, max_seconds: float | None = None, limi
                 first = t if first is None else first
                 if max_seconds is not None and t is not None and t - first >= max_seconds:
                     break
+                _note_rotation(frame, name)
                 frames.append(frame.to_ndarray(format="rgb24"))
         except (av.FFmpegError, EOFError, OSError) as e:
             raise InputError(name, f"decoding failed after {len(frames)} frame(s) (truncated or corrupt?): {_ffmpeg_reason(e)}") from e
