@@ -36,7 +36,8 @@ class PendingGroup:
         self.n = len(self.candidates) if error is None else n
         self.error = error
         self.slots = [list(range(s, min(s + chunk, self.n))) for s in range(0, self.n, chunk)] if error is None else []
-        self.futures: list[Future] = []
+        self.futures: list[Future | None] = []
+        """One per submitted chunk; None once scored (its prepared frames are let go at once)."""
         self.context = engine.submit_video(context, "context") if error is None else None
         if error is None:
             self.submit_through(0)
@@ -49,7 +50,8 @@ class PendingGroup:
 
     def cancel(self) -> None:
         for f in self.futures:
-            f.cancel()
+            if f is not None:
+                f.cancel()
 
 
 def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Errors, exact: bool | None) -> list[Any]:
@@ -168,7 +170,16 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
     prefix = None
     for k, idx in enumerate(pending.slots):
         pending.submit_through(k)  # the next chunk prepares while this one is scored
-        group = pending.futures[k].result()
+        try:
+            group = pending.futures[k].result()  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001 - this chunk could not be prepared: only its slots say so
+            if errors == "raise":
+                pending.cancel()
+                raise
+            pending.futures[k] = None
+            for slot in idx:
+                out[slot] = e if isinstance(e, NvrmError) else InternalError.wrap(e)
+            continue
         first = next((e for e in map(group.slot_error, range(len(idx))) if e is not None), None)
         if first is not None and (errors == "raise" or (context_raises and isinstance(group.context, NvrmError))):
             pending.cancel()
@@ -176,7 +187,14 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
         if isinstance(group.context, NvrmError):  # no chunk can score: every slot reports the context
             pending.cancel()
             return [group.context] * pending.n
-        results, prefix = model.score_chunk(group, prefix, exact)
+        pending.futures[k] = None  # memory stays flat in the group size: nothing of a scored chunk is kept
+        try:
+            results, prefix = model.score_chunk(group, prefix, exact)
+        except Exception as e:  # noqa: BLE001 - e.g. an allocation failure: this chunk's candidates fail, the rest go on
+            if errors == "raise":
+                raise
+            results, prefix = [InternalError.wrap(e)] * len(idx), None
+        del group
         if errors == "raise":
             first = next((r for r in results if isinstance(r, NvrmError)), None)
             if first is not None:

@@ -108,3 +108,48 @@ def test_close_and_context_manager(tiny_bundle):
         m.score("p", CTXS[0], CANDS[0])
     with pytest.raises(RuntimeError, match="closed"):
         m.score_group("p", CTXS[0], CANDS[:2])  # every path, not just score
+
+
+def test_a_big_group_lets_each_scored_chunk_go(tiny_bundle):
+    """Memory flat in the group size: a scored chunk's prepared frames are freed at once (no reference
+    cycle through the futures, which only a full garbage collection would break), with gc off."""
+    import gc
+    import weakref
+
+    clips = [Clip(moving_square(5, 64, 96, seed=40 + i), fps=1) for i in range(16)]
+    with RewardModel.from_pretrained(tiny_bundle, device="cpu", group_chunk=4, workers=2) as m:
+        seen: list = []
+        real = type(m).score_chunk
+
+        def spy(self, group, prefix, exact):
+            out = real(self, group, prefix, exact)
+            seen.append([weakref.ref(c) for c in group.candidates])
+            return out
+
+        gc.disable()
+        try:
+            type(m).score_chunk = spy
+            rewards = m.score_group("p", CTXS[0], clips)
+        finally:
+            type(m).score_chunk = real
+            gc.enable()
+        assert len(seen) == 4 and all(r.reward is not None for r in rewards)
+        assert all(ref() is None for chunk in seen[:3] for ref in chunk)  # only what is still referenced lives on
+
+
+def test_a_chunk_that_fails_unexpectedly_fails_only_its_candidates(tiny_bundle, monkeypatch):
+    clips = [Clip(moving_square(5, 64, 96, seed=60 + i), fps=1) for i in range(6)]
+    with RewardModel.from_pretrained(tiny_bundle, device="cpu", group_chunk=2) as m:
+        want = [r.reward for r in m.score_group("p", CTXS[0], clips)]
+        real, calls = m.runtime.group, []
+
+        def flaky(enc, prefix):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 275251200 bytes")
+            return real(enc, prefix)
+
+        monkeypatch.setattr(m.runtime, "group", flaky)
+        out = m.score_group("p", CTXS[0], clips, errors="return")
+        assert [type(r).__name__ for r in out[2:4]] == ["InternalError"] * 2 and "can't allocate" in str(out[2])
+        assert [out[i].reward for i in (0, 1, 4, 5)] == [want[i] for i in (0, 1, 4, 5)]

@@ -183,16 +183,23 @@ class Engine:
         out: Future = Future()
         pending = [len(cand_futures) + 1]
         lock = threading.Lock()
+        # The callbacks stay on the futures (and on a context future shared by every chunk of a big
+        # group): they reach the futures only through ``box``, emptied once the group is assembled, so
+        # no reference cycle keeps a chunk's prepared frames alive until a full garbage collection.
+        box = [ctx_future, cand_futures, out]
 
         def one_done(_: Future) -> None:
             with lock:
                 pending[0] -= 1
                 last = pending[0] == 0
+                args = tuple(box) if last else ()
+                if last:
+                    box.clear()
             if last:
                 try:
-                    self._assembler.submit(self._assemble, prompt, ctx_future, cand_futures, out)
+                    self._assembler.submit(self._assemble, prompt, *args)
                 except RuntimeError as e:  # closed meanwhile
-                    out.set_exception(e)
+                    args[2].set_exception(e)
 
         for f in [ctx_future, *cand_futures]:
             f.add_done_callback(one_done)
