@@ -24,6 +24,7 @@ from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
 from . import middleware, routes
 from .config import ServeConfig
+from .budget import ByteBudget
 from .contexts import ContextCache, ContextStore, PrefixCache
 from .metrics import Metrics
 from .scheduler import Scheduler
@@ -41,6 +42,7 @@ class ServiceState:
         self.cache = ContextCache(int(config.context_cache_mb * 1024 * 1024))
         self.prefixes = PrefixCache(int(config.prefix_cache_mb * 1024 * 1024))
         self.store = ContextStore(int(config.context_store_mb * 1024 * 1024))
+        self.budget = ByteBudget(int(config.max_inflight_mb * 1024 * 1024))
         self.load_error: str | None = None
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
         self.metrics = Metrics(
@@ -48,6 +50,7 @@ class ServiceState:
             lambda: self.cache.bytes,
             lambda: self.prefixes.bytes,
             lambda: self.store.bytes,
+            lambda: self.budget.used,
         )
         self.store._on_lookup = lambda hit: self.metrics.context_store.labels(result="hit" if hit else "miss").inc()
         self.cache._on_lookup = lambda hit: self.metrics.context_cache.labels(result="hit" if hit else "miss").inc()

@@ -35,6 +35,10 @@ class ServeConfig:
         default=50.0, metadata=_help("how long a ready item waits for items of its own context still being prepared (they share its prefix)")
     )
     max_queue_items: int = field(default=1024, metadata=_help("items admitted (preparing, waiting or scoring) before new requests get 503"))
+    max_inflight_mb: float = field(
+        default=4096.0,
+        metadata=_help("bytes requests may hold at once: their bodies and an upper bound of their prepared frames; more get 503 (the memory model: README, Limits)"),
+    )
     max_body_mb: float = field(default=64.0, metadata=_help("request body size limit, enforced while the body streams in"))
     body_timeout_s: float = field(default=30.0, metadata=_help("a request body must arrive whole within this many seconds (slow senders get 408)"))
     max_connections: int = field(default=512, metadata=_help("open connections and requests at once; more get 503 at once (uvicorn's limit_concurrency)"))
@@ -68,6 +72,7 @@ class ServeConfig:
             "share_wait_ms": self.share_wait_ms >= 0,
             "max_queue_items": self.max_queue_items >= 1,
             "max_body_mb": self.max_body_mb > 0,
+            "max_inflight_mb": self.max_inflight_mb > 0,
             "request_timeout_s": self.request_timeout_s > 0,
             "body_timeout_s": self.body_timeout_s > 0,
             "max_connections": self.max_connections >= 1,
@@ -98,6 +103,7 @@ class ServeConfig:
             "max_body_bytes": self.max_body_bytes,
             "request_timeout_s": self.request_timeout_s,
             "context_cache_mb": self.context_cache_mb,
+            "max_inflight_mb": self.max_inflight_mb,
             "prefix_cache_mb": self.prefix_cache_mb,
             "context_store_mb": self.context_store_mb,
             "path_inputs": bool(self.allow_dirs),

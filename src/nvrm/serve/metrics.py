@@ -23,6 +23,7 @@ class Metrics:
         cache_bytes: Callable[[], float],
         prefix_bytes: Callable[[], float] = lambda: 0,
         store_bytes: Callable[[], float] = lambda: 0,
+        inflight_bytes: Callable[[], float] = lambda: 0,
     ):
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("nvrm_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"], registry=r)
@@ -50,6 +51,8 @@ class Metrics:
         k.set_function(prefix_bytes)
         st = Gauge("nvrm_context_store_bytes", "Bytes held by uploaded contexts (named by ref)", registry=r)
         st.set_function(store_bytes)
+        fl = Gauge("nvrm_inflight_bytes", "Bytes reserved by requests in flight (bodies and prepared-frame bounds; --max-inflight-mb)", registry=r)
+        fl.set_function(inflight_bytes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from ..errors import InputError, RequestError, ShuttingDown
 from ..protocol import ContextUpload, ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse, describe_validation_error
 from ..results import item_dict
+from .budget import prepared_bytes
 from .media import HASH_SECONDS, Media, ref_of, stored, to_media
 from .metrics import CONTENT_TYPE_LATEST
 from .middleware import json_error
@@ -53,6 +54,8 @@ class Work:
         """CPU time parsing and decoding took (the parse thread's own time, not waiting)."""
         self.hash_seconds = 0.0
         """CPU time hashing the contexts for the shared-context cache."""
+        self.prepared_bytes = 0
+        """An upper bound of the memory its prepared videos take (``nvrm.serve.budget``)."""
 
     @property
     def size(self) -> int:
@@ -110,6 +113,10 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         group = (req.prompt, context(req.context, "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
     work.hash_seconds = HASH_SECONDS.value
+    videos = [(c.value, "context", c.key) for _, c, _ in work.items] + [(d.value, "candidate", "") for _, _, d in work.items] if work.items is not None else (
+        [(work.group[1].value, "context", work.group[1].key)] + [(d.value, "candidate", "") for d in work.group[2]]  # type: ignore[index]
+    )
+    work.prepared_bytes = prepared_bytes(videos, state.model.contract, limits, state.model.engine.codec is not None)
     work.cpu_seconds = time.thread_time() - cpu0 - work.hash_seconds
     return work
 
@@ -189,12 +196,17 @@ def install(app: FastAPI, state) -> None:
     async def upload_context(request: Request):
         if (busy := not_ready()) is not None:
             return busy
+        reserved = body_reservation(request)
+        if not state.budget.try_reserve(reserved):
+            return overloaded("context upload")
         try:
             raw = await read_body(request, config.max_body_bytes, config.body_timeout_s)
             metrics.upload_bytes.labels(endpoint="contexts").inc(len(raw))
             answer = await asyncio.to_thread(parse_upload, state, raw, request.headers.get("content-type", ""))
         except InputError as e:
             return refused(e)
+        finally:
+            state.budget.release(reserved)
         metrics.context_kept.inc()
         return answer
 
@@ -210,9 +222,26 @@ def install(app: FastAPI, state) -> None:
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def overloaded(what: str) -> JSONResponse:
+        metrics.rejected.labels(reason="memory").inc()
+        return json_error(503, "overloaded", f"{what}: the bytes in flight are at --max-inflight-mb ({state.budget.used} of {state.budget.max_bytes} reserved); retry shortly", {"Retry-After": "1"})
+
+    def body_reservation(request: Request) -> int:
+        length = request.headers.get("content-length", "")
+        return min(int(length), config.max_body_bytes) if length.isdigit() else config.max_body_bytes
+
     async def run(request: Request, kind: str) -> JSONResponse:
         if (busy := not_ready()) is not None:
             return busy
+        reserved = body_reservation(request)
+        if not state.budget.try_reserve(reserved):
+            return overloaded("request body")
+        try:
+            return await run_reserved(request, kind, reserved)
+        finally:
+            state.budget.release(reserved)
+
+    async def run_reserved(request: Request, kind: str, body_bytes: int) -> JSONResponse:
         t = time.perf_counter()
         try:
             raw = await read_body(request, config.max_body_bytes, config.body_timeout_s)
@@ -220,6 +249,18 @@ def install(app: FastAPI, state) -> None:
             work = await asyncio.to_thread(parse_work, state, raw, request.headers.get("content-type", ""), kind)
         except InputError as e:
             return refused(e)
+        need = work.prepared_bytes
+        if need + body_bytes > state.budget.max_bytes:
+            metrics.rejected.labels(reason="memory").inc()
+            return json_error(413, "too_large", f"request: its prepared frames need up to {need} bytes, more than --max-inflight-mb allows ({state.budget.max_bytes}); send fewer items or shorter contexts")
+        if not state.budget.try_reserve(need):
+            return overloaded("request")
+        try:
+            return await admitted(work, t)
+        finally:
+            state.budget.release(need)
+
+    async def admitted(work: Work, t: float) -> JSONResponse:
         metrics.parse.observe(work.cpu_seconds)
         metrics.context_hash.observe(work.hash_seconds)
         metrics.receive.observe(time.perf_counter() - t - work.cpu_seconds - work.hash_seconds)

@@ -492,3 +492,15 @@ def decode_frames(source: VideoSource, *, max_seconds: float | None = None, limi
     if not frames:
         raise InputError(name, "contains no decodable video frames")
     return np.stack(frames), float(header.rate or 1.0)
+
+
+def declared_duration(source: VideoSource) -> float | None:
+    """The duration (s) the container declares for its video stream, read from the header only; None
+    when it declares none or cannot be opened (the decode that follows reports why)."""
+    name = describe(source)
+    try:
+        with _open(source, name) as container:
+            streams = container.streams.video
+            return _header(container, streams[0]).duration if streams else None
+    except (InputError, av.FFmpegError, OSError, ValueError):
+        return None
