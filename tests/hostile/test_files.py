@@ -126,3 +126,12 @@ def test_display_rotation_is_not_applied_and_said_once(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "display rotation" in r.getMessage()]
     assert len(said) == 1 and "rotated.mp4: display rotation -90° is not applied" in said[0]
     assert [im.tobytes() for im in a.images] == [im.tobytes() for im in b.images]  # scored as stored
+
+
+def test_file_cache_keys_cannot_collide_across_path_and_content(tmp_path):
+    from nvrm.serve.media import _file_key
+
+    (tmp_path / "ab").write_bytes(b"c")  # sha256(path + bytes) would be the same for these two
+    (tmp_path / "a").write_bytes(b"bc")
+    assert _file_key(str(tmp_path / "ab"), "x") != _file_key(str(tmp_path / "a"), "x")
+    assert _file_key(str(tmp_path / "ab"), "x") == _file_key(str(tmp_path / "ab"), "x")
