@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -29,6 +29,9 @@ from .loading import default_batch_tokens, default_device, load_parts, resolve_s
 from .results import ScoreResult
 from .settings import LoadSettings
 from .streaming import score_chunk, score_prepared_each, stream_batch, stream_groups
+
+if TYPE_CHECKING:
+    from .differentiable import DifferentiableReward
 
 Prepared = PreparedItem  # the name earlier releases exported
 
@@ -167,13 +170,14 @@ class RewardModel:
         )
 
     def rewards(self, encoded: Sequence[Any], head: RewardHead | None = None) -> torch.Tensor:
-        """Raw rewards [B] of encoded items as one batch (no gradient mode is set: the trainer's path too).
-
-        Args:
-            encoded: items from the engine (``PreparedItem.encoded``).
-            head: a reward head to use instead of the model's own (the trainer's float32 head).
-        """
+        """Raw rewards [B] of engine-encoded items as one batch, no gradient mode set (the trainer's path; ``head``: its own)."""
         return self.runtime.rewards(encoded, head)
+
+    def differentiable(self, *, checkpointing: bool = True) -> "DifferentiableReward":
+        """A ``torch.nn.Module`` whose rewards backpropagate to candidate pixels, equal to ``score``'s (``nvrm.differentiable``)."""
+        from .differentiable import DifferentiableReward
+
+        return DifferentiableReward(self, checkpointing=checkpointing)
 
     def score_prepared(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult]:
         """Score prepared items in token-budgeted batches (or one by one with ``exact``); input order."""

@@ -23,6 +23,9 @@ DEMO_LABEL = (
 )
 
 
+DEMO_PROMPT = "A square glides across a tiled floor at constant speed."
+"""The prompt the demo scores its clips with."""
+
 def demo_bundle_path() -> Path:
     """Where the embedded demo bundle lives inside the installed package."""
     return Path(__file__).resolve().parents[1] / "assets" / "demo-bundle"
@@ -56,7 +59,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm demo``: an optional bundle (default: the embedded demo), device, prompt and ``--json``."""
     p.add_argument("--model", help="bundle directory; default: the embedded demo bundle")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--prompt", default="A square glides across a tiled floor at constant speed.", help="text prompt")
+    p.add_argument("--prompt", default=DEMO_PROMPT, help="text prompt")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -21,13 +21,28 @@ H heads, d head dim, D width.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections import OrderedDict
+from typing import Iterator
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
 
 _CACHE_GRIDS = 64
+_CHECKPOINT: contextvars.ContextVar[bool] = contextvars.ContextVar("nvrm_vision_checkpoint", default=False)
+
+
+@contextlib.contextmanager
+def checkpointing(on: bool) -> Iterator[None]:
+    """Within the block, a grad-enabled ``VisionEncoder`` call recomputes each block in the backward pass."""
+    token = _CHECKPOINT.set(on)
+    try:
+        yield
+    finally:
+        _CHECKPOINT.reset(token)
 
 
 class VisionEncoder:
@@ -70,8 +85,12 @@ class VisionEncoder:
         sin = torch.cat([t[2] for t in tables])
         plan = _AttentionPlan(grids, device)
         deepstack = []
+        recompute = _CHECKPOINT.get() and torch.is_grad_enabled()
         for layer, block in enumerate(v.blocks):
-            hidden = _block(block, hidden, cos, sin, plan)
+            if recompute:
+                hidden = torch.utils.checkpoint.checkpoint(_block, block, hidden, cos, sin, plan, use_reentrant=False)
+            else:
+                hidden = _block(block, hidden, cos, sin, plan)
             if layer in v.deepstack_visual_indexes:
                 merger = v.deepstack_merger_list[v.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(hidden))

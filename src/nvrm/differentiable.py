@@ -1,0 +1,171 @@
+"""The reward as a differentiable function of candidate pixels, with the contract's exact value.
+
+``RewardModel.differentiable()`` returns a ``DifferentiableReward``: ``scorer(prompt, context,
+frames, fps=...)`` gives rewards ``[B]`` that backpropagate to ``frames`` (float in [0, 1],
+``[T, H, W, 3]`` or ``[B, T, C, H, W]``, on any device). The model's weights get no gradient.
+
+Every step of the contract that has no gradient runs exactly, on the host, in the forward pass:
+the 1 FPS choice of frames (``plan_candidate``), uint8 quantisation (``round(clamp(x, 0, 1) * 255)``,
+the rule the RL adapters apply), the height-360 Pillow bicubic resize, the JPEG q85 round trip and
+the smart resize (``prepare_frame``). The gradient flows through a surrogate instead: the same two
+resizes as antialiased bicubic interpolation in torch, and identity through JPEG and quantisation.
+The two are joined straight-through, ``exact + (surrogate - surrogate.detach())``, whose value is
+``exact`` bit for bit, so the reward equals ``score`` on the quantised frames bit for bit (CPU).
+
+Frames the plan does not sample get a zero gradient. The context is prepared and prefilled once per
+(prompt, context) without gradient (kept while the next call names the same one); the candidates of
+a call run against it as ``score_group`` runs them. Activation checkpointing over the vision blocks
+and the text layers is on by default; gradients are the same with it off.
+
+Shapes: B candidates, T frames, n sampled frames, H x W source size, h x w contract size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from .errors import ConfigError, InputError
+from .forward.grad import suffix_rewards
+from .forward.prefix import Prefix, prefill
+from .inputs import PreparedVideo
+from .video.frames import height_resized_width, prepare_frame
+from .video.sampling import plan_candidate
+
+
+def as_videos(frames: Any) -> torch.Tensor:
+    """``frames`` as float ``[B, T, H, W, 3]`` (a view where possible), or an ``InputError`` naming the problem."""
+    if not isinstance(frames, torch.Tensor):
+        raise InputError("frames", f"must be a torch tensor (float in [0, 1]), got {type(frames).__name__}")
+    if not frames.dtype.is_floating_point:
+        raise InputError("frames", f"are {str(frames.dtype).replace('torch.', '')}; pass float values in [0, 1] (divide uint8 frames by 255)")
+    if frames.ndim == 4 and frames.shape[-1] == 3:
+        videos = frames.unsqueeze(0)
+    elif frames.ndim == 5 and frames.shape[2] == 3:
+        videos = frames.permute(0, 1, 3, 4, 2)
+    else:
+        raise InputError("frames", f"have shape {tuple(frames.shape)}; pass [T, H, W, 3] or [B, T, C=3, H, W]")
+    if videos.shape[1] == 0 or videos.shape[2] == 0 or videos.shape[3] == 0:
+        raise InputError("frames", f"have shape {tuple(frames.shape)}, with no frames or no pixels")
+    if not bool(torch.isfinite(frames.detach()).all()):
+        raise InputError("frames", "contain NaN or infinite values")
+    return videos
+
+
+def quantize(x: torch.Tensor) -> torch.Tensor:
+    """The uint8 frames ``score`` sees for float frames in [0, 1] (values outside are clamped)."""
+    return (x.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def surrogate(frames: torch.Tensor, size: tuple[int, int], contract: Any) -> torch.Tensor:
+    """[n, H, W, 3] in 0..255 -> [n, h, w, 3]: the contract's two resizes, differentiable (antialiased bicubic)."""
+    n, H, W, _ = frames.shape
+    x = frames.permute(0, 3, 1, 2)
+    x = F.interpolate(x, size=(contract.resize_height, height_resized_width(W, H, contract)), mode="bicubic", antialias=True, align_corners=False)
+    x = F.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False)
+    return x.permute(0, 2, 3, 1)
+
+
+def patchify(levels: torch.Tensor, patch: int, merge: int) -> torch.Tensor:
+    """[h, w, 3] pixel levels -> [h/ps * w/ps, 3 * ps * ps] in the processor's patch order (``PixelCodec.patchify``)."""
+    h, w, _ = levels.shape
+    gh, gw = h // patch, w // patch
+    x = levels.reshape(gh // merge, merge, patch, gw // merge, merge, patch, 3)
+    return x.permute(0, 3, 1, 4, 6, 2, 5).reshape(gh * gw, 3 * patch * patch)
+
+
+def normalize(patches: torch.Tensor, codec: Any) -> torch.Tensor:
+    """Float patches of 0..255 levels -> pixel values, with ``forward.pixels.to_pixel_values``' exact arithmetic."""
+    n, ps = patches.shape[0], codec.patch_size
+    x = patches.view(n, 3, ps * ps).to(torch.float32)
+    mean = torch.tensor(codec.mean, dtype=torch.float32, device=x.device).view(1, 3, 1)
+    std = torch.tensor(codec.std, dtype=torch.float32, device=x.device).view(1, 3, 1)
+    x = (x - mean) / std
+    t = codec.temporal_patch_size
+    return x.unsqueeze(2).expand(n, 3, t, x.shape[-1]).reshape(n, 3 * t * ps * ps)
+
+
+class DifferentiableReward(torch.nn.Module):
+    """``forward(prompt, context, frames, *, fps) -> rewards [B]`` with gradients to ``frames``."""
+
+    def __init__(self, model, *, checkpointing: bool = True):
+        super().__init__()
+        if model.engine.codec is None:
+            raise ConfigError("the differentiable reward needs the exact pixel codec, and this bundle's processor has none (see the load log)")
+        self.model = model
+        self.checkpointing = checkpointing
+        self._prefix: Prefix | None = None
+        self._context: tuple[Any, PreparedVideo] | None = None
+        for p in list(model.backbone.parameters()) + list(model.head.parameters()):
+            p.requires_grad_(False)  # the weights are constants here: no gradient, never modified
+
+    def prepare_candidates(self, frames: Any, fps: float) -> tuple[torch.Tensor, list[PreparedVideo], Any]:
+        """(the sampled frames [B, n, H, W, 3] with their graph, their exact contract forms, the plan)."""
+        model = self.model
+        videos = as_videos(frames)
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+            raise InputError(f"fps {fps!r}", "is not a positive number; pass the frame rate of the frames")
+        model.limits.check_fps(float(fps), "frames")
+        B, T, H, W, _ = videos.shape
+        model.limits.check_source(W, H, "frames")
+        plan = plan_candidate([k / fps for k in range(T)], model.contract, f"frames ({T} at {fps:g} fps)", 1.0 / fps)
+        sampled = videos[:, list(plan.indices)]
+        exact = quantize(sampled).cpu().numpy()  # the host round trip the exact branch needs
+        prepared = []
+        for b in range(B):
+            images = tuple(prepare_frame(Image.fromarray(exact[b, k]), model.contract, f"frames[{b}] @ {t:.3f}s") for k, t in enumerate(plan.times))
+            prepared.append(PreparedVideo(images, plan.times, f"frames[{b}]", "candidate", model.contract.fingerprint))
+        return sampled, prepared, plan
+
+    def _context_of(self, context: Any) -> PreparedVideo:
+        if self._context is not None and self._context[0] is context:
+            return self._context[1]
+        prepared = self.model.prepare_video(context, "context")
+        self._context = (context, prepared)
+        return prepared
+
+    def forward(self, prompt: str, context: Any, frames: Any, *, fps: float) -> torch.Tensor:
+        """Rewards [B] of the candidates ``frames`` (at ``fps``) after ``prompt`` and ``context``."""
+        model = self.model
+        sampled, prepared, _ = self.prepare_candidates(frames, fps)
+        enc = model.engine.encode_group(prompt, self._context_of(context), prepared)
+        codec, device = model.engine.codec, model.runtime.device
+        pixel_values = []
+        for b, video in enumerate(prepared):
+            rows = []
+            for k, im in enumerate(video.images):
+                exact = torch.from_numpy(np.array(im)).to(device=device, dtype=torch.float32)
+                s = surrogate(sampled[b, k : k + 1].float().clamp(0, 1) * 255, (im.height, im.width), model.contract)[0].to(device)
+                rows.append(patchify(exact + (s - s.detach()), codec.patch_size, codec.merge_size))  # value: exact
+            patches = torch.cat(rows)
+            if not torch.equal(patches.detach().to(torch.uint8).cpu(), enc.candidate_pixels[b]):  # pragma: no cover - a layout bug
+                raise RuntimeError("the differentiable patches differ from the engine's")
+            pixel_values.append(normalize(patches, codec))
+        return self.rewards_of(enc, pixel_values)
+
+    def rewards_of(self, enc: Any, pixel_values: list[torch.Tensor]) -> torch.Tensor:
+        """Rewards [G] of an engine-encoded group whose candidates' pixel values are ``pixel_values`` (the
+        differentiable part: pixel values -> reward). The prefix is prefilled once, without gradient."""
+        model, runtime = self.model, self.model.runtime
+        model.limits.check_sequence_tokens(max(int(s.shape[0]) for s in enc.ids))
+        if self._prefix is None or not self._prefix.matches(enc):
+            self._prefix = Prefix.of(enc)
+        kw = {"device": runtime.device, "vision": runtime.vision, "normalize_hidden": runtime.normalize_hidden}
+        for row in self._prefix.missing(enc):
+            prefill(runtime.backbone, runtime.head, self._prefix, enc, row, **kw)
+        by_length: dict[int, list[int]] = {}
+        for g, ids in enumerate(enc.ids):
+            by_length.setdefault(int(ids.shape[0]), []).append(g)
+        out: list[Any] = [None] * len(enc.ids)
+        for rows in by_length.values():
+            part = suffix_rewards(
+                runtime.backbone, runtime.head, self._prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing, **kw
+            )
+            for g, r in zip(rows, part):
+                out[g] = r
+        return torch.stack(out)
