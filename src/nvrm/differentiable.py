@@ -137,12 +137,11 @@ class DifferentiableReward(torch.nn.Module):
         codec, device = model.engine.codec, model.runtime.device
         pixel_values = []
         for b, video in enumerate(prepared):
-            rows = []
-            for k, im in enumerate(video.images):
-                exact = torch.from_numpy(np.array(im)).to(device=device, dtype=torch.float32)
-                s = surrogate(sampled[b, k : k + 1].float().clamp(0, 1) * 255, (im.height, im.width), model.contract)[0].to(device)
-                rows.append(patchify(exact + (s - s.detach()), codec.patch_size, codec.merge_size))  # value: exact
-            patches = torch.cat(rows)
+            size = (video.images[0].height, video.images[0].width)  # one source size: one contract size
+            exact = torch.from_numpy(np.stack([np.asarray(im) for im in video.images])).to(device=device, dtype=torch.float32)
+            s = surrogate(sampled[b].float().clamp(0, 1) * 255, size, model.contract).to(device)
+            levels = exact + (s - s.detach())  # value: exact, bit for bit; gradient: the surrogate's
+            patches = torch.cat([patchify(levels[k], codec.patch_size, codec.merge_size) for k in range(len(video.images))])
             if not torch.equal(patches.detach().to(torch.uint8).cpu(), enc.candidate_pixels[b]):  # pragma: no cover - a layout bug
                 raise RuntimeError("the differentiable patches differ from the engine's")
             pixel_values.append(normalize(patches, codec))

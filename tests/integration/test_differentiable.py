@@ -143,3 +143,24 @@ def test_the_plain_api_detaches_frames_that_require_grad(model):
     x = videos(2, t=5).requires_grad_()
     scores, info = flow_grpo_reward(model)("cpu")(x, ["p"] * 2, [{"context_video": CTX, "fps": 1}] * 2)
     assert info["nvrm_failed"] == [] and scores == scored(model, x, 1) and x.grad is None
+
+
+def test_refl_reward_groups_items_and_keeps_the_graph(model):
+    from nvrm.adapters import refl_reward
+    from nvrm.errors import ConfigError, RewardFnError
+
+    other = Clip(moving_square(4, 64, 96, seed=9), fps=1)
+    x = videos(4, t=10).requires_grad_()
+    fn = refl_reward(model, fps=2)
+    rewards = fn(x, ["p", "q", "p", "q"], [CTX, other, CTX, other])
+    assert rewards.shape == (4,) and rewards.requires_grad
+    want = [model.score(p, c, Clip(quantize(x[i]).permute(0, 2, 3, 1).numpy(), fps=2)).reward for i, (p, c) in enumerate([("p", CTX), ("q", other), ("p", CTX), ("q", other)])]
+    assert rewards.tolist() == want
+    (-rewards.mean()).backward()  # a ReFL loss
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    with pytest.raises(RewardFnError, match=r"2 of 2 item\(s\) failed.*5\.00 s"):
+        fn(videos(2, t=4), ["p", "p"], [CTX, CTX])
+    with pytest.raises(ConfigError, match="gradients do not cross the network"):
+        refl_reward("http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="context 1 is None"):
+        fn(videos(2, t=10), ["p", "p"], [CTX, None])

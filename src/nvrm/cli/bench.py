@@ -1,4 +1,4 @@
-"""``nvrm bench --workload files|rl|engine|vision``: paths side by side in one run."""
+"""``nvrm bench --workload files|rl|engine|vision|grad``: paths side by side in one run."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm bench``: the workload, the random bundle size and the workload's own knobs."""
-    p.add_argument("--workload", choices=["files", "rl", "engine", "vision"], default="files", help="what to measure (default files)")
+    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad"], default="files", help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "deep", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -37,7 +37,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     files.add_argument("--groups", type=_ints, default=(1, 4, 8, 16), help="comma-separated group sizes G")
     files.add_argument("--contexts", type=_ints, default=(5, 10, 20), help="comma-separated context lengths in seconds")
     files.add_argument("--no-naive", action="store_true", help="skip the naive reference path")
-    rl = p.add_argument_group("rl, engine and vision workloads")
+    rl = p.add_argument_group("rl, engine, vision and grad workloads")
     rl.add_argument("--G", dest="group_sizes", type=_ints, default=(8, 16), help="comma-separated group sizes (rl)")
     rl.add_argument("--n-groups", type=int, default=8, help="groups in the stream (rl)")
     rl.add_argument("--context-s", type=float, default=10.0, help="context seconds (rl)")
@@ -46,7 +46,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     rl.add_argument("--workers", type=int, default=None, help="preprocessing workers (rl)")
     rl.add_argument("--worker-kind", choices=["auto", "thread", "process"], default="auto", help="(rl)")
     rl.add_argument("--engine-configs", default="thread:1,thread:2,process:1,process:2", help="kind:workers list (engine)")
-    rl.add_argument("--frames", type=int, default=80, help="equal-size frames (vision)")
+    rl.add_argument("--frames", type=int, default=80, help="equal-size frames (vision); frames per candidate (grad, default 81)")
     rl.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the model (default: torch's)")
     rl.add_argument("--measure-peak", action="store_true", help="measure the device's bf16 matmul peak instead of the known figure")
 
@@ -85,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.workload == "engine":
         report = bench.run_engine(args.arch, _configs(args.engine_configs), fps=args.fps, size=args.size)
         text = bench.format_engine(report)
+    elif args.workload == "grad":
+        G = args.group_sizes[0] if args.group_sizes != (8, 16) else 4
+        frames = 81 if args.frames == 80 else args.frames
+        fps = 16.0 if args.fps == 8.0 else args.fps
+        size = (240, 416) if args.size == (480, 832) else args.size
+        report = bench.run_grad(args.arch, G=G, frames=frames, fps=fps, size=size, device=args.device)
+        text = bench.format_grad(report)
     else:
         report = bench.run_vision(args.arch, frames=args.frames, device=args.device)
         text = bench.format_vision(report)

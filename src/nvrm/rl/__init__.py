@@ -4,6 +4,7 @@
 - ``nvrm.rl.verl``: verl's custom reward functions (``compute_score``, ``compute_score_batch``),
   configured from ``reward_kwargs``; ``verl_compute_score`` binds them in Python.
 - ``flow_grpo_reward``: a flow-GRPO ``multi_score`` factory.
+- ``refl_reward``: a differentiable reward for trainers that backpropagate it (ReFL, DRaFT, VADER).
 - ``batched``: marks a ``render`` hook that takes a whole call.
 - ``Normalize``, ``FailurePolicy``: shaping and failure handling shared by all of them and ``make_reward_fn``.
 
@@ -13,8 +14,9 @@ until an in-process model is loaded.
 
 from .flow_grpo import flow_grpo_reward
 from .policy import FailurePolicy, Normalize, RunningStats
+from .refl import refl_reward
 from .render import batched
 from .trl import trl_reward
 from .verl import verl_compute_score
 
-__all__ = ["FailurePolicy", "Normalize", "RunningStats", "batched", "flow_grpo_reward", "trl_reward", "verl_compute_score"]
+__all__ = ["FailurePolicy", "Normalize", "RunningStats", "batched", "flow_grpo_reward", "refl_reward", "trl_reward", "verl_compute_score"]
