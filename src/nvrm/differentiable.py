@@ -13,8 +13,8 @@ The two are joined straight-through, ``exact + (surrogate - surrogate.detach())`
 ``exact`` bit for bit, so the reward equals ``score`` on the quantised frames bit for bit (CPU).
 
 Frames the plan does not sample get a zero gradient. The context is prepared and prefilled once per
-(prompt, context) without gradient (kept while the next call names the same one); the candidates of
-a call run against it as ``score_group`` runs them. Activation checkpointing over the vision blocks
+(prompt, context) without gradient (the last few are kept: a path by its text, which is read once, any
+other input by identity); the candidates of a call run against it as ``score_group`` runs them. Activation checkpointing over the vision blocks
 and the text layers is on by default; gradients are the same with it off.
 
 Shapes: B candidates, T frames, n sampled frames, H x W source size, h x w contract size.
@@ -23,6 +23,8 @@ Shapes: B candidates, T frames, n sampled frames, H x W source size, h x w contr
 from __future__ import annotations
 
 import math
+import os
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .errors import ConfigError, InputError
-from .forward.grad import suffix_rewards
+from .forward.backprop import suffix_rewards
 from .forward.prefix import Prefix, prefill
 from .inputs import PreparedVideo
 from .video.frames import height_resized_width, prepare_frame
@@ -93,14 +95,19 @@ def normalize(patches: torch.Tensor, codec: Any) -> torch.Tensor:
 class DifferentiableReward(torch.nn.Module):
     """``forward(prompt, context, frames, *, fps) -> rewards [B]`` with gradients to ``frames``."""
 
+    KEEP = 8
+    """Contexts (and prefilled prefixes) kept for later calls: a ReFL step cycles through a few."""
+
     def __init__(self, model, *, checkpointing: bool = True):
         super().__init__()
         if model.engine.codec is None:
             raise ConfigError("the differentiable reward needs the exact pixel codec, and this bundle's processor has none (see the load log)")
         self.model = model
         self.checkpointing = checkpointing
-        self._prefix: Prefix | None = None
-        self._context: tuple[Any, PreparedVideo] | None = None
+        self._contexts: OrderedDict[Any, tuple[Any, PreparedVideo]] = OrderedDict()
+        """Prepared contexts by key (a path's text, else the object's identity), the last few kept."""
+        self._prefixes: OrderedDict[tuple, Prefix] = OrderedDict()
+        """Prefilled prefixes by their token ids, the last few kept (each holds the context's KV)."""
         for p in list(model.backbone.parameters()) + list(model.head.parameters()):
             p.requires_grad_(False)  # the weights are constants here: no gradient, never modified
 
@@ -123,11 +130,24 @@ class DifferentiableReward(torch.nn.Module):
         return sampled, prepared, plan
 
     def _context_of(self, context: Any) -> PreparedVideo:
-        if self._context is not None and self._context[0] is context:
-            return self._context[1]
-        prepared = self.model.prepare_video(context, "context")
-        self._context = (context, prepared)
-        return prepared
+        key = ("path", os.fspath(context)) if isinstance(context, (str, os.PathLike)) else ("object", id(context))
+        held = self._contexts.get(key)
+        if held is None:  # the object is held with its preparation, so its id cannot be reused meanwhile
+            held = self._contexts[key] = (context, self.model.prepare_video(context, "context"))
+            while len(self._contexts) > self.KEEP:
+                self._contexts.popitem(last=False)
+        self._contexts.move_to_end(key)
+        return held[1]
+
+    def _prefix_of(self, enc: Any) -> Prefix:
+        key = (tuple(enc.ids[0][: enc.prefix_len].tolist()),)
+        prefix = self._prefixes.get(key)
+        if prefix is None or not prefix.matches(enc):
+            prefix = self._prefixes[key] = Prefix.of(enc)
+            while len(self._prefixes) > self.KEEP:
+                self._prefixes.popitem(last=False)
+        self._prefixes.move_to_end(key)
+        return prefix
 
     def forward(self, prompt: str, context: Any, frames: Any, *, fps: float) -> torch.Tensor:
         """Rewards [B] of the candidates ``frames`` (at ``fps``) after ``prompt`` and ``context``."""
@@ -152,18 +172,17 @@ class DifferentiableReward(torch.nn.Module):
         differentiable part: pixel values -> reward). The prefix is prefilled once, without gradient."""
         model, runtime = self.model, self.model.runtime
         model.limits.check_sequence_tokens(max(int(s.shape[0]) for s in enc.ids))
-        if self._prefix is None or not self._prefix.matches(enc):
-            self._prefix = Prefix.of(enc)
+        prefix = self._prefix_of(enc)
         kw = {"device": runtime.device, "vision": runtime.vision, "normalize_hidden": runtime.normalize_hidden}
-        for row in self._prefix.missing(enc):
-            prefill(runtime.backbone, runtime.head, self._prefix, enc, row, **kw)
+        for row in prefix.missing(enc):
+            prefill(runtime.backbone, runtime.head, prefix, enc, row, **kw)
         by_length: dict[int, list[int]] = {}
         for g, ids in enumerate(enc.ids):
             by_length.setdefault(int(ids.shape[0]), []).append(g)
         out: list[Any] = [None] * len(enc.ids)
         for rows in by_length.values():
             part = suffix_rewards(
-                runtime.backbone, runtime.head, self._prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing, **kw
+                runtime.backbone, runtime.head, prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing, **kw
             )
             for g, r in zip(rows, part):
                 out[g] = r

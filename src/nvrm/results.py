@@ -93,5 +93,5 @@ def result_row(row: Any, index: int, result: "ScoreResult | BaseException", meta
     else:
         out["reward"] = result.reward
         out["num_tokens"] = result.num_tokens
-        out["off_contract"] = "; ".join(result.off_contract) or None  # the opt-ins this reward used, if any
+        out["off_contract"] = "; ".join(getattr(result, "off_contract", ())) or None  # the opt-ins this reward used, if any
     return out

@@ -176,7 +176,6 @@ class RewardModel:
     def differentiable(self, *, checkpointing: bool = True) -> "DifferentiableReward":
         """A ``torch.nn.Module`` whose rewards backpropagate to candidate pixels, equal to ``score``'s (``nvrm.differentiable``)."""
         from .differentiable import DifferentiableReward
-
         return DifferentiableReward(self, checkpointing=checkpointing)
 
     def score_prepared(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult]:

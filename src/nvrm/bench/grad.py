@@ -81,8 +81,8 @@ def run_grad(arch: str = "mid", G: int = 4, frames: int = 81, fps: float = 16.0,
         variants = {"checkpointing": model.differentiable(checkpointing=True), "no checkpointing": model.differentiable(checkpointing=False)}
         with torch.no_grad():
             variants["checkpointing"](prompt, ctx, x, fps=fps)  # prepares the context and prefills its prefix
-        variants["no checkpointing"]._prefix = variants["checkpointing"]._prefix
-        variants["no checkpointing"]._context = variants["checkpointing"]._context
+        variants["no checkpointing"]._prefixes = variants["checkpointing"]._prefixes  # both find it prefilled
+        variants["no checkpointing"]._contexts = variants["checkpointing"]._contexts
 
         def forward():
             with torch.no_grad():
