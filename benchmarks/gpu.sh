@@ -68,6 +68,9 @@ step vision 40 bench --workload vision --arch "$ARCH" --frames 80
 # 5. the file workload (H.264 files): naive reference vs batch vs group
 step files 90 bench --workload files --arch "$ARCH" --groups 1,8 --contexts 10
 
+# 5b. the differentiable reward at G=8: forward vs forward+backward with and without checkpointing, peak memory
+step grad 90 bench --workload grad --arch "$ARCH" --G 8
+
 # 6. CUDA-only tests (pinned memory, attention choice, OOM split on the real allocator, fidelity on the device)
 say "step gpu tests"
 timeout 60 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1

@@ -49,7 +49,8 @@ def refl_reward(model_or_path: Any, *, fps: float = 16.0, checkpointing: bool = 
         out: list[Any] = [None] * n
         for idx in plan_groups(list(prompts), list(contexts)):
             try:
-                rewards = scorer(prompts[idx[0]], contexts[idx[0]], videos[idx], fps=rate)
+                contiguous = idx == list(range(idx[0], idx[-1] + 1))  # a view, not a copy of whole videos
+                rewards = scorer(prompts[idx[0]], contexts[idx[0]], videos[idx[0] : idx[-1] + 1] if contiguous else videos[idx], fps=rate)
             except NvrmError as e:  # the items that share this (prompt, context), named, with the reason
                 raise RewardFnError({i: str(e) for i in idx}, n) from e
             for k, i in enumerate(idx):
