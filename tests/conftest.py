@@ -40,6 +40,16 @@ def model(tiny_bundle):
 
 
 @pytest.fixture(scope="session")
+def model32(tiny_bundle):
+    """The tiny bundle in float32 with a float32 head: gradients and tolerances without bf16 rounding."""
+    from nvrm import Contract, RewardModel
+
+    m = RewardModel.from_pretrained(tiny_bundle, device="cpu", dtype="float32", contract=Contract(head_dtype="float32"))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
 def clips(tmp_path_factory) -> dict[str, Path]:
     """A few small encoded clips: 6 s contexts/candidates at 8 fps."""
     from nvrm.synth.clips import moving_square, write_video

@@ -34,6 +34,7 @@ from PIL import Image
 
 from .errors import ConfigError, InputError
 from .forward.backprop import suffix_rewards
+from .forward.pixels import levels_to_pixel_values
 from .forward.prefix import Prefix, prefill
 from .inputs import PreparedVideo
 from .video.frames import height_resized_width, prepare_frame
@@ -81,17 +82,6 @@ def patchify(levels: torch.Tensor, patch: int, merge: int) -> torch.Tensor:
     gh, gw = h // patch, w // patch
     x = levels.reshape(gh // merge, merge, patch, gw // merge, merge, patch, 3)
     return x.permute(0, 3, 1, 4, 6, 2, 5).reshape(gh * gw, 3 * patch * patch)
-
-
-def normalize(patches: torch.Tensor, codec: Any) -> torch.Tensor:
-    """Float patches of 0..255 levels -> pixel values, with ``forward.pixels.to_pixel_values``' exact arithmetic."""
-    n, ps = patches.shape[0], codec.patch_size
-    x = patches.view(n, 3, ps * ps).to(torch.float32)
-    mean = torch.tensor(codec.mean, dtype=torch.float32, device=x.device).view(1, 3, 1)
-    std = torch.tensor(codec.std, dtype=torch.float32, device=x.device).view(1, 3, 1)
-    x = (x - mean) / std
-    t = codec.temporal_patch_size
-    return x.unsqueeze(2).expand(n, 3, t, x.shape[-1]).reshape(n, 3 * t * ps * ps)
 
 
 class DifferentiableReward(torch.nn.Module):
@@ -166,7 +156,7 @@ class DifferentiableReward(torch.nn.Module):
             patches = torch.cat([patchify(levels[k], codec.patch_size, codec.merge_size) for k in range(len(video.images))])
             if not torch.equal(patches.detach().to(torch.uint8).cpu(), enc.candidate_pixels[b]):  # pragma: no cover - a layout bug
                 raise RuntimeError("the differentiable patches differ from the engine's")
-            pixel_values.append(normalize(patches, codec))
+            pixel_values.append(levels_to_pixel_values(patches, codec))
         return self.rewards_of(enc, pixel_values)
 
     def rewards_of(self, enc: Any, pixel_values: list[torch.Tensor]) -> torch.Tensor:

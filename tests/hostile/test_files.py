@@ -31,7 +31,7 @@ def test_prefs_filter_never_writes_over_its_input(tmp_path, capsys, flag):
         args[args.index("--output") + 1] = str(tmp_path / "." / "judgments.jsonl")  # the same file, spelled otherwise
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"is the same file as the input --input" in err
+    assert len(err.splitlines()) == 1 and "is the same file as the input --input" in err
     assert path.read_bytes() == before
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from nvrm import Clip, Contract, RewardModel
+from nvrm import Clip, RewardModel
 from nvrm.differentiable import quantize
 from nvrm.errors import InputError
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
@@ -64,13 +64,6 @@ def test_checkpointing_changes_memory_not_gradients(model):
         model.differentiable(checkpointing=on)("p", CTX, x, fps=1).sum().backward()
         grads.append(x.grad)
     assert torch.equal(grads[0], grads[1])
-
-
-@pytest.fixture(scope="module")
-def model32(tiny_bundle):
-    m = RewardModel.from_pretrained(tiny_bundle, device="cpu", dtype="float32", contract=Contract(head_dtype="float32"))
-    yield m
-    m.close()
 
 
 def test_pixel_value_gradients_match_central_differences_in_float32(model32):

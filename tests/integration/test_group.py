@@ -17,11 +17,6 @@ CANDS = [Clip(moving_square(24, *sz, seed=10 + i, speed=1 + i), fps=4) for i, sz
 
 
 
-@pytest.fixture(scope="module")
-def model32(tiny_bundle):
-    return RewardModel.from_pretrained(tiny_bundle, device="cpu", dtype=torch.float32, contract=Contract(head_dtype="float32"))
-
-
 def test_group_inputs_equal_per_item_inputs(model):
     ctx = model.prepare_video(CTX, "context")
     cands = [model.prepare_video(c, "candidate") for c in CANDS]

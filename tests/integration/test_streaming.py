@@ -48,13 +48,6 @@ def test_errors_stay_in_their_group_and_slot(model):
         list(model.score_groups(stream, errors="raise"))
 
 
-@pytest.fixture(scope="module")
-def model32(tiny_bundle):
-    m = RewardModel.from_pretrained(tiny_bundle, device="cpu", dtype="float32", contract=Contract(head_dtype="float32"))
-    yield m
-    m.close()
-
-
 def test_exact_mode_is_bit_identical_to_score(model):
     items = [("p", CTXS[0], c) for c in CANDS[:3]] + [("q", CTXS[1], CANDS[3])]
     single = [model.score(*it).reward for it in items]

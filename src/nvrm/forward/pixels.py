@@ -18,8 +18,14 @@ def to_pixel_values(pixels: torch.Tensor, codec: Any) -> torch.Tensor:
     float pixel values (or no codec) pass unchanged. Runs wherever ``pixels`` lives."""
     if codec is None or pixels.dtype != torch.uint8:
         return pixels
-    n, ps = pixels.shape[0], codec.patch_size
-    x = pixels.view(n, 3, ps * ps).to(torch.float32)
+    return levels_to_pixel_values(pixels.to(torch.float32), codec)
+
+
+def levels_to_pixel_values(levels: torch.Tensor, codec: Any) -> torch.Tensor:
+    """float32 [N, C*ps*ps] patches of 0..255 levels -> float32 [N, C*T*ps*ps] pixel values: the one
+    normalisation both the uint8 path and the differentiable reward use (so their values agree bit for bit)."""
+    n, ps = levels.shape[0], codec.patch_size
+    x = levels.reshape(n, 3, ps * ps)
     mean = torch.tensor(codec.mean, dtype=torch.float32, device=x.device).view(1, 3, 1)
     std = torch.tensor(codec.std, dtype=torch.float32, device=x.device).view(1, 3, 1)
     x = (x - mean) / std
