@@ -135,3 +135,14 @@ def test_file_cache_keys_cannot_collide_across_path_and_content(tmp_path):
     (tmp_path / "a").write_bytes(b"bc")
     assert _file_key(str(tmp_path / "ab"), "x") != _file_key(str(tmp_path / "a"), "x")
     assert _file_key(str(tmp_path / "ab"), "x") == _file_key(str(tmp_path / "ab"), "x")
+
+
+def test_hashing_a_file_is_bounded_in_time(tmp_path, monkeypatch):
+    import nvrm.serve.media as media
+    from nvrm.errors import InputError
+
+    path = tmp_path / "big.mp4"
+    path.write_bytes(b"x" * (3 << 20))
+    monkeypatch.setattr(media, "FILE_READ_SECONDS", -1)  # a read that is already late: a stalled mount
+    with pytest.raises(InputError, match="could not be read within -1 s"):
+        media._file_key(str(path), "items[0].context")

@@ -128,6 +128,10 @@ def confine_path(raw: str, allow_dirs: tuple[str, ...], where: str) -> str:
     raise RequestError(f"{where} {raw}", "is outside the allowed directories", 403, "forbidden")
 
 
+FILE_READ_SECONDS = 30
+"""Longest a request's file may take to hash (regular files only; a FIFO or device is refused first)."""
+
+
 def _file_key(path: str, where: str) -> str:
     """A content key for a file: sha256 over the length-prefixed path, then the bytes (no path/content
     pair can collide with another). Only regular files are read: a FIFO or device would block the
@@ -140,11 +144,14 @@ def _file_key(path: str, where: str) -> str:
         return "missing:" + path  # the engine reports it in the item's slot
     except OSError as e:
         raise InputError(where, f"cannot read ({e.strerror})") from e
+    deadline = time.monotonic() + FILE_READ_SECONDS
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError(where, "is not a regular file (a FIFO, socket or device); pass a video file")
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+            if time.monotonic() > deadline:  # a stalled network mount holds one parsing thread this long at most
+                raise InputError(where, f"could not be read within {FILE_READ_SECONDS} s; is it on a stalled mount?")
     return "file:" + h.hexdigest()
 
 
