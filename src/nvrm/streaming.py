@@ -193,7 +193,7 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
         except Exception as e:  # noqa: BLE001 - e.g. an allocation failure: this chunk's candidates fail, the rest go on
             if errors == "raise":
                 raise
-            results, prefix = [InternalError.wrap(e)] * len(idx), None
+            results, prefix = [group.slot_error(j) or InternalError.wrap(e) for j in range(len(idx))], None  # bad inputs keep their own
         del group
         if errors == "raise":
             first = next((r for r in results if isinstance(r, NvrmError)), None)

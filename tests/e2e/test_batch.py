@@ -227,3 +227,21 @@ def test_a_full_disk_ends_in_one_line_and_resume_completes(tiny_bundle, job, tmp
     assert main(args[:-2] + ["--resume"]) == 0
     rows = read_rows(out)
     assert {(r["id"], r["candidate_index"]) for r in rows} == expected and len(rows) == len(expected)
+
+
+def test_rows_failed_for_internal_reasons_make_the_exit_code_one(tiny_bundle, job, tmp_path, capsys, monkeypatch):
+    from nvrm.forward.runtime import ForwardRuntime
+
+    def out_of_memory(self, enc, prefix):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 275251200 bytes")
+
+    monkeypatch.setattr(ForwardRuntime, "group", out_of_memory)
+    d, expected = job
+    out = tmp_path / "scores.jsonl"
+    assert main(["batch", "--model", str(tiny_bundle), "--input", str(d / "manifest.jsonl"), "--output", str(out)]) == 1
+    by = {(r["id"], r["candidate_index"]): r for r in read_rows(out)}
+    assert set(by) == expected  # every row is still written, none lost
+    internal = sorted(k for k, r in by.items() if (r["error"] or "").startswith("internal error"))
+    assert f"({len(internal)} for internal reasons, not their input: see their error)" in capsys.readouterr().out
+    assert ("g", 0) in internal and ("g", 2) in internal and ("g", 1) not in internal  # junk.mp4 keeps its own error
+    assert any(r["reward"] is not None for r in by.values())  # the rest scored

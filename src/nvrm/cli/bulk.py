@@ -26,7 +26,8 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    """``nvrm batch``: score a manifest into a durable, resumable output (locally or on Ray)."""
+    """``nvrm batch``: score a manifest into a durable, resumable output (locally or on Ray). Returns 0, or 1
+    when some rows failed for internal reasons (out of memory, a crash) rather than their input."""
     from ..jobs import LocalExecutor, run
     from ..jobs.manifest import read_job_manifest
     from ..jobs.sink import output_format
@@ -56,13 +57,13 @@ def run_batch(args: argparse.Namespace) -> int:
         )
         summary = run(job.input, job.output, executor, **common)
         print(f"nvrm batch (ray, {args.replicas} replica(s)): {summary.line()}")
-        return 0
+        return 1 if summary.internal else 0
     from ..scoring import RewardModel
 
     with RewardModel.from_pretrained(args.model, settings=settings) as model:
         summary = run(job.input, job.output, LocalExecutor(model, batch_rows=job.flush_every), **common)
     print(f"nvrm batch: {summary.line()}")
-    return 0
+    return 1 if summary.internal else 0  # every row is written either way; 1 says some need another run
 
 
 # ------------------------------------------------------------------ rank

@@ -68,12 +68,15 @@ class BatchSummary:
     output: str
     off_contract: int = 0
     """Scored rows whose reward used an off-contract opt-in (their rows list why)."""
+    internal: int = 0
+    """Failed rows whose cause was not their input (``internal error``: out of memory, a crash)."""
 
     def line(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         off = f" ({self.off_contract} off-contract: see each row's off_contract)" if self.off_contract else ""
+        internal = f" ({self.internal} for internal reasons, not their input: see their error)" if self.internal else ""
         return (
-            f"scored {self.scored}{off}, failed {self.failed}, skipped {self.skipped} already in the output; "
+            f"scored {self.scored}{off}, failed {self.failed}{internal}, skipped {self.skipped} already in the output; "
             f"{self.rows} rows in {self.seconds:.1f} s ({rate:.2f} rows/s) -> {self.output}"
         )
 
@@ -140,7 +143,7 @@ class Tally:
     def __init__(self, sink, bar: "Progress", flush_every: int):
         self.sink, self.bar = sink, bar
         self.flush_every = max(1, flush_every)
-        self.scored = self.failed = self.off_contract = 0
+        self.scored = self.failed = self.off_contract = self.internal = 0
         self._held: list[dict[str, Any]] = []
 
     def write(self, rows: list[dict[str, Any]]) -> None:
@@ -155,6 +158,7 @@ class Tally:
         self.sink.write(rows)
         bad = sum(r["error"] is not None for r in rows)
         self.off_contract += sum(bool(r.get("off_contract")) for r in rows)
+        self.internal += sum(str(r["error"]).startswith("internal error") for r in rows if r["error"] is not None)
         self.scored += len(rows) - bad
         self.failed += bad
         self.bar.update(len(rows), bad)
@@ -243,4 +247,4 @@ def run(
         sink.finish()
     finally:
         sink.close()
-    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, time.perf_counter() - t0, str(output), tally.off_contract)
+    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, time.perf_counter() - t0, str(output), tally.off_contract, tally.internal)
