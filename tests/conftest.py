@@ -40,6 +40,18 @@ def model(tiny_bundle):
 
 
 @pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """The shipped demo model with the demo's clips: (model, context path, {name: candidate path})."""
+    from nvrm import RewardModel
+    from nvrm.cli.demo import demo_bundle_path, write_demo_clips
+
+    ctx, cands = write_demo_clips(tmp_path_factory.mktemp("democlips"))
+    m = RewardModel.from_pretrained(demo_bundle_path(), device="cpu")
+    yield m, ctx, cands
+    m.close()
+
+
+@pytest.fixture(scope="session")
 def model32(tiny_bundle):
     """The tiny bundle in float32 with a float32 head: gradients and tolerances without bf16 rounding."""
     from nvrm import Contract, RewardModel

@@ -46,6 +46,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def in_threads(fn, n: int) -> None:
+    """``fn(i)`` for i in range(n), each on its own thread, all started before any is joined."""
+    import threading
+
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def cap_address_space(gb: float) -> None:
     """RLIMIT_AS for this process (call in a child: ``preexec_fn``): allocations past it fail."""
     import resource

@@ -11,10 +11,12 @@ A bad item or candidate fails its own slot (or raises, with ``errors="raise"``);
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Iterable, Sequence
 
+from .engine.workers import unexpected
 from .errors import InternalError, NvrmError
 from .items import Errors, GroupLike, ItemLike, as_group, as_item
 
@@ -108,8 +110,6 @@ def score_prepared_each(model: RewardModel, prepared: Sequence[Any], *, exact: b
     """``score_prepared``, where an unexpected failure of the whole batch is retried item by item, so one
     item cannot sink the rest: one result or error per item, in order. The one fallback the service,
     batch jobs and ``score_batch(errors="return")`` share."""
-    import logging
-
     try:
         return model.score_prepared(prepared, exact=exact)
     except Exception:  # noqa: BLE001 - retried below; what still fails is reported in its slot
@@ -178,7 +178,7 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
                 raise
             pending.futures[k] = None
             for slot in idx:
-                out[slot] = e if isinstance(e, NvrmError) else InternalError.wrap(e)
+                out[slot] = unexpected(e)
             continue
         first = next((e for e in map(group.slot_error, range(len(idx))) if e is not None), None)
         if first is not None and (errors == "raise" or (context_raises and isinstance(group.context, NvrmError))):
@@ -193,6 +193,7 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
         except Exception as e:  # noqa: BLE001 - e.g. an allocation failure: this chunk's candidates fail, the rest go on
             if errors == "raise":
                 raise
+            logging.getLogger("nvrm").warning("a chunk of %d candidates failed unexpectedly", len(idx), exc_info=True)
             results, prefix = [group.slot_error(j) or InternalError.wrap(e) for j in range(len(idx))], None  # bad inputs keep their own
         del group
         if errors == "raise":

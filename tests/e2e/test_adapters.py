@@ -31,16 +31,6 @@ from nvrm.synth.clips import moving_square
 PROMPT = "A square glides across a tiled floor at constant speed."
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from nvrm.cli.demo import demo_bundle_path, write_demo_clips
-
-    ctx, cands = write_demo_clips(tmp_path_factory.mktemp("democlips"))
-    m = RewardModel.from_pretrained(demo_bundle_path(), device="cpu")
-    yield m, ctx, cands
-    m.close()
-
-
 def tiny_policy():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM

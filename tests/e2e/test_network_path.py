@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from helpers import Server
+from helpers import Server, in_threads
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.protocol import context_ref, npy_bytes
@@ -142,11 +142,7 @@ def test_clients_naming_one_context_share_its_prefill(server, model):
         barrier.wait()
         out[i] = c.score("r", ctx, GROUP[1 + i]).reward
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(one, 4)
     m1 = metrics(server)
     assert out == [model.score("r", ctx, c).reward for c in GROUP[1:5]]
     assert m1["nvrm_shared_context_items_total"] - m0.get("nvrm_shared_context_items_total", 0) == 4  # every one shared

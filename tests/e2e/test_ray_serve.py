@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 import ray.serve  # noqa: F401 - installed by the test extra: these tests run in CI, never skipped
-from helpers import GROUP_ULPS, bf16_ulp
+from helpers import GROUP_ULPS, bf16_ulp, in_threads
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.synth.clips import moving_square
@@ -81,11 +80,7 @@ def test_replicas_answer_like_the_model_and_share_the_load(ray_server, model):
         bodies.append((r.status_code, r.json()))
 
     for _ in range(3):  # concurrent requests, so the router has a reason to use both replicas
-        threads = [threading.Thread(target=hit) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(lambda _: hit(), 8)
     replicas = set()
     for status, body in bodies:
         assert status == 200, body

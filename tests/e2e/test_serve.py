@@ -18,7 +18,7 @@ from nvrm import Clip, RewardFnError, make_reward_fn
 from nvrm.client import RemoteItemError, RewardClient, ServiceError
 from nvrm.protocol import encode_frames
 from nvrm.synth.clips import moving_square
-from helpers import GROUP_ULPS, Server, bf16_ulp
+from helpers import GROUP_ULPS, Server, bf16_ulp, in_threads
 
 
 # small portrait frames keep each item cheap (~400 tokens) so many requests fit in CI time
@@ -92,11 +92,7 @@ def test_concurrent_clients_get_every_answer_right_once(server, expected):
                     failures.append(f"{k}/{j}: got {r.reward}, in-process {want}")
         c.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(client, 32)
     assert failures == []
     assert len(answers) == 32 * 20
     metrics = httpx.get(server.url + "/metrics").text
@@ -181,11 +177,7 @@ def test_backpressure_answers_503_with_retry_after(server):
         if r.status_code == 503:
             retry_after.append(r.headers.get("retry-after"))
 
-    threads = [threading.Thread(target=hit) for _ in range(16)]  # 16 x 8 items against a queue of 64
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(lambda _: hit(), 16)  # 16 x 8 items against a queue of 64
     assert set(seen) <= {200, 503} and 200 in seen and 503 in seen, seen
     assert all(ra == "1" for ra in retry_after)
     assert "nvrm_rejected_total{reason=\"queue_full\"}" in httpx.get(server.url + "/metrics").text
@@ -309,11 +301,7 @@ def test_separate_requests_that_share_a_context_are_scored_together(tiny_bundle,
         def hit(i):
             results[i] = RewardClient(s.url).score("shared", CTX, CANDS[i % 4]).reward
 
-        threads = [threading.Thread(target=hit, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(hit, 8)
         after = _metric_values(s)
         want = [model.score("shared", CTX, c).reward for c in CANDS]
         assert all(abs(r - want[i % 4]) <= GROUP_ULPS * bf16_ulp(want[i % 4]) for i, r in enumerate(results))

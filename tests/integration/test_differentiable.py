@@ -92,28 +92,27 @@ def test_pixel_value_gradients_match_central_differences_in_float32(model32):
         assert abs(ad - fd) <= 1e-3 * max(abs(fd), 1e-6), (ad, fd)
 
 
-def test_gradient_ascent_raises_the_frozen_candidates_exact_reward(tmp_path):
+def test_gradient_ascent_raises_the_frozen_candidates_exact_reward(demo):
     """End to end on the demo model: the surrogate's gradient, applied to the frames and re-quantised,
     raises the reward ``score`` gives (which is also how reward hacking starts)."""
-    from nvrm.cli.demo import DEMO_PROMPT, demo_bundle_path, write_demo_clips
+    from nvrm.cli.demo import DEMO_PROMPT
     from nvrm.video.decode import decode_frames
 
-    ctx, cands = write_demo_clips(tmp_path)
+    model, ctx, cands = demo
     frames, fps = decode_frames(cands["frozen"])
-    with RewardModel.from_pretrained(demo_bundle_path(), device="cpu") as demo:
-        before = demo.score(DEMO_PROMPT, ctx, cands["frozen"]).reward
-        scorer = demo.differentiable()
-        x = torch.from_numpy(frames).float() / 255
-        first = None
-        for _ in range(20):
-            x = x.detach().requires_grad_()
-            reward = scorer(DEMO_PROMPT, ctx, x, fps=fps)[0]
-            first = float(reward.detach()) if first is None else first
-            reward.backward()
-            x = (x + 2 / 255 * x.grad.sign()).clamp(0, 1)
-        assert first == before  # the decoded frames score as the file does
-        after = demo.score(DEMO_PROMPT, ctx, Clip(quantize(x).numpy(), fps=fps)).reward
-        assert after > before, (before, after)
+    before = model.score(DEMO_PROMPT, ctx, cands["frozen"]).reward
+    scorer = model.differentiable()
+    x = torch.from_numpy(frames).float() / 255
+    first = None
+    for _ in range(20):
+        x = x.detach().requires_grad_()
+        reward = scorer(DEMO_PROMPT, ctx, x, fps=fps)[0]
+        first = float(reward.detach()) if first is None else first
+        reward.backward()
+        x = (x + 2 / 255 * x.grad.sign()).clamp(0, 1)
+    assert first == before  # the decoded frames score as the file does
+    after = model.score(DEMO_PROMPT, ctx, Clip(quantize(x).numpy(), fps=fps)).reward
+    assert after > before, (before, after)
 
 
 @pytest.mark.parametrize("frames, fps, message", [

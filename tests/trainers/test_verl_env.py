@@ -41,8 +41,8 @@ def verl_env(tmp_path_factory):
     return py
 
 
-def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo_model, tmp_path):
-    model, ctx, cands = demo_model
+def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo, tmp_path):
+    model, ctx, cands = demo
     server = Server(model.path, "--allow-dir", str(ctx.parent))
     try:
         out = json.loads(run([str(verl_env), str(ROOT / "tests/trainers/verl_callsite.py"), server.url, str(ctx), str(cands["smooth"]), str(cands["frozen"])],
@@ -54,14 +54,3 @@ def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo_model,
     assert out["scores"] == [want[0], want[1], want[0], want[1]] and out["ok"] == [1.0] * 4
     assert want[0] > want[1]  # the reward follows what the policy wrote
     assert "RewardFnError" in out["missing_prompt"] and "extra_info['prompt']" in out["missing_prompt"]
-
-
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory):
-    from nvrm import RewardModel
-    from nvrm.cli.demo import demo_bundle_path, write_demo_clips
-
-    ctx, cands = write_demo_clips(tmp_path_factory.mktemp("democlips"))
-    m = RewardModel.from_pretrained(demo_bundle_path(), device="cpu")
-    yield m, ctx, cands
-    m.close()

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
-import torch
 from PIL import Image
 
 from ..inputs import PreparedVideo, prepare_input
@@ -37,8 +36,8 @@ def encode_video(state: WorkerState, video: PreparedVideo) -> PreparedVideo:
     if video.encoded:
         return video
     if not video.images:  # the no-context opt-in: zero rows of the layout one frame would have
-        pixels, grid = encode_video(state, dataclasses.replace(video, images=(_BLANK,))).pixels, None
-        return dataclasses.replace(video, pixels=pixels[:0], grid=torch.zeros((0, 3), dtype=torch.long))
+        one = encode_video(state, dataclasses.replace(video, images=(_BLANK,)))
+        return dataclasses.replace(video, pixels=one.pixels[:0], grid=one.grid[:0])
     if state.codec is not None:
         pixels, grid = state.codec.encode(video.images)
     else:

@@ -113,7 +113,6 @@ class RewardSource:
                 base = load.get("contract") or (Contract.for_bundle(model_or_url) if os.path.isdir(os.fspath(model_or_url)) else Contract())
                 load = {**load, "contract": _with(base, **wanted)}
             self.model = shared_model(model_or_url, **load)
-        self.no_context = no_context
 
     @property
     def remote(self) -> bool:

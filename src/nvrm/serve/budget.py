@@ -12,7 +12,8 @@ service's resident memory stays within (README, "Limits"):
     idle process + max_inflight_mb + context_cache_mb + context_store_mb + prefix_cache_mb (CPU device)
     + one decoded full-size source frame per preprocessing worker + the forward pass's activations
 
-Pure functions and a lock-protected counter; no I/O.
+A lock-protected counter and the estimates; the only I/O is reading a file context's header
+(``declared_duration``), in the request's parse thread.
 """
 
 from __future__ import annotations

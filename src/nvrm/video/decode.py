@@ -28,6 +28,7 @@ so not reported by the seek path.
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 import logging
 import math
@@ -91,14 +92,10 @@ def _demuxer_whitelist() -> str:
     return ",".join(sorted(n for n in names if n not in REFERENCING_DEMUXERS))
 
 
-_OPEN_OPTIONS: dict[str, str] = {}
-
-
+@functools.cache
 def open_options() -> dict[str, str]:
     """FFmpeg options of every open: whitelisted demuxers, and only the ``file`` protocol (for paths)."""
-    if not _OPEN_OPTIONS:
-        _OPEN_OPTIONS.update(format_whitelist=_demuxer_whitelist(), protocol_whitelist="file")
-    return _OPEN_OPTIONS
+    return {"format_whitelist": _demuxer_whitelist(), "protocol_whitelist": "file"}
 
 
 def _open(source: VideoSource, name: str) -> av.container.InputContainer:
