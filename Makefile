@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.nvrm-installed
 
-.PHONY: demo test fuzz test-trainers install system-deps bench clean
+.PHONY: demo test fuzz test-trainers test-versions install system-deps bench clean
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ fuzz: $(STAMP)
 # nvrm's verl functions through a server; set NVRM_VERL_ENV=DIR to keep and reuse that environment.
 test-trainers: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m trainers $(PYTEST_ARGS)
+
+# The transformers version matrix alone: 5.8.1, 5.9.0, 5.10.4 and 5.24.0 on this environment's torch
+# (overlays kept in .venv/matrix/), each held to the release profile's numbers (4.57.6).
+test-versions: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m versions $(PYTEST_ARGS)
 
 # Debian packages the tests need: chromium renders the HTML report in a real
 # browser. (PyAV bundles its own FFmpeg, so no system ffmpeg is needed.)

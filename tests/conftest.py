@@ -12,6 +12,23 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that compare against transformers' own forward run only where it computes the release's numerics."""
+    from nvrm.forward import compat
+
+    if compat.SHARES_RELEASE_VISION_NUMERICS:
+        return
+    import transformers
+
+    skip = pytest.mark.skip(
+        reason=f"transformers {transformers.__version__} no longer computes 4.57.6's vision numerics, so its own forward "
+        "is no reference; tests/versions compares nvrm here against the release profile instead"
+    )
+    for item in items:
+        if "transformers_forward" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("nvrm-cache")

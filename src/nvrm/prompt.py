@@ -35,8 +35,11 @@ def render(processor, prompt: str, n_context: int, n_candidate: int, contract: C
     )
 
 
-def images_kwargs(contract: Contract) -> dict[str, int]:
-    return {"min_pixels": contract.min_pixels, "max_pixels": contract.max_pixels}
+def images_kwargs(contract: Contract) -> dict:
+    """The image processor's keywords for the contract's pixel bounds (the spelling every transformers reads)."""
+    from .forward.compat import pixel_bounds
+
+    return pixel_bounds(contract.min_pixels, contract.max_pixels)
 
 
 def _reserved_tokens(processor) -> tuple[tuple[str, ...], tuple[str, ...]]:

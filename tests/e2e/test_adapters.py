@@ -330,6 +330,26 @@ def test_verl_batch_function_is_found_by_name_and_settings_are_honoured(demo):
             data_sources=["v"], solution_strs=["x"], ground_truths=[None], extra_infos=[info])
 
 
+def test_verl_batch_takes_numpy_columns_and_refuses_columns_of_other_lengths(demo):
+    """verl's BatchRewardManager passes numpy object arrays (their truth value is ambiguous)."""
+    import numpy as np
+
+    model, ctx, cands = demo
+    info = {"prompt": PROMPT, "context_video": str(ctx)}
+    fn = load_like_verl("compute_score_batch", {"model": model_path(), "device": "cpu"})
+    sols = [str(cands["smooth"]), str(cands["frozen"])]
+    out = fn(data_sources=np.array(["v", "v"], dtype=object), solution_strs=sols, ground_truths=[None, None],
+             extra_infos=np.array([info, info], dtype=object))
+    assert [o["score"] for o in out] == [r.reward for r in model.score_group(PROMPT, ctx, sols)]
+    for kw, said in [({"extra_infos": np.array([info], dtype=object)}, "2 solution_strs but 1 extra_infos"),
+                     ({"data_sources": ["v"] * 3}, "2 solution_strs but 3 data_sources")]:
+        args = {"data_sources": ["v", "v"], "solution_strs": sols, "ground_truths": [None, None], "extra_infos": [info, info], **kw}
+        with pytest.raises(ConfigError, match=said):
+            fn(**args)
+        with pytest.raises(ConfigError, match=said):
+            verl_compute_score(model).batch(**args)
+
+
 def model_path():
     from nvrm.cli.demo import demo_bundle_path
 

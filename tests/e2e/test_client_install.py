@@ -81,3 +81,19 @@ def test_url_mode_adapter_in_the_trainer_env_scores_like_the_model(trainer_env, 
     assert out["failed"] == [1]
     assert [out["scores"][0], out["scores"][2]] == want
     assert out["scores"][1] == pytest.approx(sum(want) / 2)
+
+
+def test_in_process_use_without_the_runtime_says_what_to_install(trainer_env, tiny_bundle):
+    """nvrm-client has no av, qwen_vl_utils or the scoring engine: a bundle path is one line naming the fix."""
+    code = (
+        "import sys\n"
+        "from nvrm.errors import ConfigError\n"
+        "from nvrm.rl.verl import compute_score\n"
+        "try:\n"
+        "    compute_score('video', 'x', None, {'prompt': 'p', 'context_video': 'c.mp4'}, model=sys.argv[1])\n"
+        "except ConfigError as e:\n"
+        "    print(e)\n"
+    )
+    out = run([str(trainer_env), "-c", code, str(tiny_bundle)], timeout=300).strip().splitlines()
+    assert len(out) == 1, out
+    assert "needs nvrm's runtime" in out[0] and "is not installed here" in out[0] and "nvrm serve" in out[0], out[0]

@@ -89,6 +89,7 @@ def test_golden_portable_values_are_exact(observed):
         assert got["context_times"] == pytest.approx(exp["context_times"])
 
 
+@pytest.mark.transformers_forward
 def test_golden_rewards_equal_the_reference_on_this_machine(observed, tiny_bundle, model):
     items, obs = observed
     reference = ReferenceScorer(tiny_bundle)

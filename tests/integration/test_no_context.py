@@ -38,6 +38,7 @@ def test_a_missing_context_is_an_error_naming_the_slot_and_the_opt_in(model):
         model.score("p", CTX, None)
 
 
+@pytest.mark.transformers_forward
 def test_no_context_rewards_equal_the_reference_with_zero_context_images(open_model, tiny_bundle):
     from nvrm.reference import ReferenceScorer
 

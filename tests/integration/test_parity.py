@@ -19,6 +19,7 @@ def reference(tiny_bundle):
 
 
 
+@pytest.mark.transformers_forward
 @pytest.mark.parametrize("prompt", ["A person walks down the street.", "Ein Hund läuft — 街道上的行人 🚶"])
 def test_tensors_and_reward_match_reference(model, reference, clips, prompt):
     prepared = model.prepare(prompt, clips["context"], clips["cand_a"])

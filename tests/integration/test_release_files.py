@@ -57,6 +57,7 @@ def test_fixtures_are_the_release_files():
     assert config["vision_config"]["deepstack_visual_indexes"] == [5, 11, 17]
 
 
+@pytest.mark.transformers_forward
 def test_both_key_layouts_load_and_match_the_reference(bundles, real):
     rewards = {}
     for layout, path in bundles.items():

@@ -1,11 +1,19 @@
-"""verl 0.9.1 itself calls nvrm's verl functions (part of ``make test``; alone: ``make test-trainers``).
+"""verl 0.9.1 itself calls nvrm's verl functions, in URL mode and in process (part of ``make test``;
+alone: ``make test-trainers``).
 
-verl needs transformers 5, so it gets an environment of its own: torch 2.13 (CPU, local wheel),
-verl 0.9.1 and its dependencies from the package registry (about 2 GB, a few minutes), and the
-nvrm-client wheel built from this checkout. verl's ``get_custom_reward_fn`` loads ``nvrm/rl/verl.py``
-by path and its ``NaiveRewardManager`` scores through an ``nvrm serve`` started from this project's
-environment, in URL mode. It downloads verl's dependencies from the registry (about 3 minutes on a
-2-core machine); ``NVRM_VERL_ENV=DIR`` keeps and reuses that environment.
+verl needs transformers 5 (``>=5.5.3,<5.11``), so it gets an environment of its own: torch 2.14.1 and
+torchvision 0.29.1 (this machine's local wheels), verl 0.9.1 and nvrm built from this checkout, with
+every other dependency from the package registry as pip resolves them together (transformers 5.10.4;
+about 6.6 GB installed, 0.3 GB downloaded, about 3 minutes on 2 cores); ``pip check`` must be clean.
+``NVRM_VERL_ENV=DIR`` keeps and reuses that environment.
+
+- verl's loader finds ``compute_score`` by file path and its reward loop's ``NaiveRewardManager``
+  scores through an ``nvrm serve`` started from this project's environment (URL mode), and in
+  process on the demo bundle (transformers 5.10.4 there): the rewards equal the release profile's
+  (4.57.6, this environment) bit for bit.
+- verl's real ``RewardLoopManager`` runs the in-process scorer inside its Ray reward worker.
+- verl's legacy ``BatchRewardManager`` scores through ``compute_score_batch`` with the numpy object
+  arrays it passes.
 """
 
 from __future__ import annotations
@@ -23,34 +31,71 @@ from helpers import run_checked as run
 pytestmark = pytest.mark.trainers
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PROMPT = "A square glides across a tiled floor."
 
 
 @pytest.fixture(scope="module")
 def verl_env(tmp_path_factory):
     venv = Path(os.environ.get("NVRM_VERL_ENV", tmp_path_factory.mktemp("verl") / "venv"))
     py = venv / "bin" / "python"
+    dist = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)], cwd=ROOT)
+    [wheel] = dist.glob("nvrm-*.whl")
     if not py.exists():
         run([sys.executable, "-m", "venv", str(venv)])
-        run([str(py), "-m", "pip", "install", "-q", "--find-links", "/opt/wheels", "torch==2.13.0", "verl==0.9.1"], timeout=1800)
-    dist = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT / "client")], cwd=ROOT / "client")
-    wheels = [str(w) for w in dist.glob("*.whl")]
-    run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *wheels])  # this checkout's code
-    run([str(py), "-m", "pip", "install", "-q", *wheels])  # and the client's own dependencies, beside verl's
+        run([str(py), "-m", "pip", "install", "-q", "torch==2.14.1", "torchvision==0.29.1", "verl==0.9.1", str(wheel)], timeout=2400)
+    run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)])  # this checkout's code
     run([str(py), "-m", "pip", "check"])
     return py
 
 
-def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo, tmp_path):
+@pytest.fixture(scope="module")
+def want(demo):
+    """The release profile's rewards (transformers 4.57.6, this environment) for 'a' and 'b'."""
     model, ctx, cands = demo
-    server = Server(model.path, "--allow-dir", str(ctx.parent))
-    try:
-        out = json.loads(run([str(verl_env), str(ROOT / "tests/trainers/verl_callsite.py"), server.url, str(ctx), str(cands["smooth"]), str(cands["frozen"])],
-                             cwd=tmp_path, timeout=600).strip().splitlines()[-1])
-    finally:
-        server.stop()
-    assert out["verl"] == "0.9.1"
-    want = [r.reward for r in model.score_group("A square glides across a tiled floor.", ctx, [cands["smooth"], cands["frozen"]])]
+    rewards = [r.reward for r in model.score_group(PROMPT, ctx, [cands["smooth"], cands["frozen"]])]
+    assert rewards[0] > rewards[1]  # the reward follows what the policy wrote
+    return rewards
+
+
+@pytest.fixture(scope="module")
+def server(demo):
+    model, ctx, _ = demo
+    s = Server(model.path, "--allow-dir", str(ctx.parent))
+    yield s
+    s.stop()
+
+
+def _callsite(py, script: str, model_or_url: str, demo, tmp_path, timeout: int = 600) -> dict:
+    _, ctx, cands = demo
+    out = run([str(py), str(HERE / script), model_or_url, str(ctx), str(cands["smooth"]), str(cands["frozen"])], cwd=tmp_path, timeout=timeout)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["url", "in_process"])
+def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo, want, server, mode, tmp_path):
+    model_or_url = server.url if mode == "url" else str(demo[0].path)
+    out = _callsite(verl_env, "verl_callsite.py", model_or_url, demo, tmp_path)
+    assert out["verl"] == "0.9.1" and out["transformers"].startswith("5.10.")
+    assert out["in_process"] == (mode == "in_process")
     assert out["scores"] == [want[0], want[1], want[0], want[1]] and out["ok"] == [1.0] * 4
-    assert want[0] > want[1]  # the reward follows what the policy wrote
     assert "RewardFnError" in out["missing_prompt"] and "extra_info['prompt']" in out["missing_prompt"]
+
+
+def test_verl_reward_loop_runs_the_in_process_scorer_in_its_ray_worker(verl_env, demo, want, tmp_path):
+    out = _callsite(verl_env, "verl_loop_callsite.py", str(demo[0].path), demo, tmp_path, timeout=900)
+    assert out["scores"] == [want[0], want[1]] * 4 and out["rest_zero"]
+    assert out["ok"] == [1.0] * 8 and out["extra_keys"] == ["score", "nvrm_ok", "nvrm_off_contract"]
+    assert out["renderers"] and out["driver"] not in out["renderers"]  # scored inside the reward worker
+    assert out["torch"].startswith("2.14.1")
+
+
+def test_verl_legacy_batch_reward_manager_scores_through_compute_score_batch(verl_env, demo, want, server, tmp_path):
+    out = _callsite(verl_env, "verl_batch_callsite.py", server.url, demo, tmp_path)
+    assert out["types"]["data_sources"] == "ndarray" and out["types"]["extra_infos"] == "ndarray"  # what verl passes
+    assert out["four"] == [[want[0], 0.0], [want[1], 0.0], [want[0], 0.0], [want[1], 0.0]]
+    assert out["four_extra"]["score"] == [want[0], want[1], want[0], want[1]] and out["four_extra"]["nvrm_ok"] == [1.0] * 4
+    assert out["one"] == [[want[1], 0.0]]
+    assert "RewardFnError" in out["missing_prompt"] and "extra_info['prompt']" in out["missing_prompt"]
+    assert out["mismatch"].startswith("ConfigError: compute_score_batch: 2 solution_strs but 1 extra_infos"), out["mismatch"]

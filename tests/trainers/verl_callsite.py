@@ -1,74 +1,53 @@
-"""Runs inside a verl 0.9 environment (not nvrm's): verl's own loader and reward manager call nvrm's verl
-functions, in URL mode, against an ``nvrm serve`` started from nvrm's environment.
+"""verl 0.9's loader and its reward loop's NaiveRewardManager call nvrm's ``compute_score``.
 
-    python verl_callsite.py URL CONTEXT_PATH CANDIDATE_A CANDIDATE_B
+    python verl_callsite.py MODEL CONTEXT CANDIDATE_A CANDIDATE_B
 
-Prints one JSON line: the scores verl's NaiveRewardManager produced, and the error a missing prompt gave.
+MODEL is the URL of an ``nvrm serve`` or a bundle path (in process, on verl's transformers 5).
+Prints one JSON line: the scores, ``nvrm_ok``, the error a missing prompt gave, and versions.
 """
 
 import asyncio
-import json
+import os
 import sys
 
-import numpy as np
-import torch
+import transformers
 from omegaconf import OmegaConf
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 import verl
-from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 from verl.trainer.ppo.reward import get_custom_reward_fn
 
 import nvrm.rl.verl as nvrm_verl
+from verl_common import PROMPT, calls, data, emit, tokenizer, write_render_hook
 
-url, ctx, cand_a, cand_b = sys.argv[1:5]
-
-# a character tokenizer: the policy "wrote" one letter, the render hook maps it to a video
-vocab = {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3}
-tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>")
-
-with open("render_hook.py", "w") as f:
-    f.write(f"def render(prompt, solution, **info):\n    return {{'a': {cand_a!r}, 'b': {cand_b!r}}}[solution.strip()]\n")
-sys.path.insert(0, ".")
+model, ctx, cand_a, cand_b = sys.argv[1:5]
+log = write_render_hook(os.getcwd(), cand_a, cand_b)
+sys.path.insert(0, os.getcwd())
 
 config = OmegaConf.create({"reward": {"custom_reward_function": {
     "path": nvrm_verl.__file__,  # loaded by path, as verl does
     "name": "compute_score",
-    "reward_kwargs": {"model": url, "render": "render_hook:render", "on_error": "raise"},
+    "reward_kwargs": {"model": model, "render": "render_hook:render", "on_error": "raise"},
 }}})
-compute_score = get_custom_reward_fn(config)
-manager = NaiveRewardManager(config, tok, compute_score)
+manager = NaiveRewardManager(config, tokenizer(), get_custom_reward_fn(config))
 
 
-def batch(letters, infos):
-    responses = torch.tensor([[vocab[c]] for c in letters])
-    return DataProto.from_dict(
-        tensors={"responses": responses, "attention_mask": torch.ones_like(responses)},
-        non_tensors={
-            "data_source": np.array(["video"] * len(letters), dtype=object),
-            "reward_model": np.array([{"ground_truth": None}] * len(letters), dtype=object),
-            "extra_info": np.array(infos, dtype=object),
-        },
-    )
+async def score(batch):  # the reward loop: one task per sample, gathered
+    return await asyncio.gather(*[manager.run_single(batch[i : i + 1]) for i in range(len(batch))], return_exceptions=True)
 
 
-async def score(data):  # the reward loop: one task per sample, gathered
-    return await asyncio.gather(*[manager.run_single(data[i : i + 1]) for i in range(len(data))], return_exceptions=True)
-
-
-info = {"prompt": "A square glides across a tiled floor.", "context_video": ctx}
-out = manager.loop.run_until_complete(score(batch(["a", "b", "a", "b"], [dict(info) for _ in range(4)])))
+info = {"prompt": PROMPT, "context_video": ctx}
+out = manager.loop.run_until_complete(score(data(["a", "b", "a", "b"], [dict(info) for _ in range(4)])))
 for o in out:
     if isinstance(o, BaseException):
         raise o
-missing = manager.loop.run_until_complete(score(batch(["a"], [{"context_video": ctx}])))
-print(json.dumps({
-    "verl": verl.__version__,
-    "scores": [o["reward_score"] for o in out],
-    "ok": [o["reward_extra_info"]["nvrm_ok"] for o in out],
-    "missing_prompt": f"{type(missing[0]).__name__}: {missing[0]}",
-}))
+missing = manager.loop.run_until_complete(score(data(["a"], [{"context_video": ctx}])))
+emit(
+    verl=verl.__version__,
+    transformers=transformers.__version__,
+    scores=[o["reward_score"] for o in out],
+    ok=[o["reward_extra_info"]["nvrm_ok"] for o in out],
+    missing_prompt=f"{type(missing[0]).__name__}: {missing[0]}",
+    in_process="nvrm.scoring" in sys.modules,
+    hook_keys=calls(log)[0]["keys"],
+)

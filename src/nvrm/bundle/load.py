@@ -77,10 +77,10 @@ def load_backbone(bundle: Path, config, dtype: torch.dtype, attn_implementation:
     """Qwen3VLModel with every weight from the bundle, checked key by key."""
     from accelerate import init_empty_weights
     from safetensors import safe_open
-    from transformers import Qwen3VLModel
+    from ..forward.compat import build_backbone
 
     with init_empty_weights(include_buffers=False):  # parameters on meta, rotary buffers real
-        model = Qwen3VLModel._from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+        model = build_backbone(config, attn_implementation, dtype)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
     state: dict[str, torch.Tensor] = {}

@@ -112,9 +112,9 @@ class PixelCodec:
         probes = [(2 * side, 3 * side), (4 * side, side), (2 * side, 2 * side)]
         images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in probes]
         try:
-            ref = processor.image_processor(
-                images=images, return_tensors="pt", min_pixels=min_pixels, max_pixels=max_pixels
-            )
+            from ..forward.compat import pixel_bounds
+
+            ref = processor.image_processor(images=images, return_tensors="pt", **pixel_bounds(min_pixels, max_pixels))
         except (AttributeError, TypeError, ValueError, RuntimeError) as e:  # this processor cannot be probed
             log.info("fast pixel codec probe failed (%s: %s)", type(e).__name__, e)
             return False

@@ -5,10 +5,10 @@ Pure functions of their arguments; the engine runs them in its workers.
 - Text: the chat layout is rendered with the bundle's template, each image
   slot is expanded to one ``<|image_pad|>`` per merged patch (what the
   processor does), and the text is tokenised with the bundle's tokenizer.
-- Positions: Qwen3-VL's 3-D multimodal RoPE positions, computed by
-  transformers' own ``Qwen3VLModel.get_rope_index`` on this one sequence
-  (it needs only token ids, image grids and four config numbers), so the
-  thread that drives the model never walks tokens in Python.
+- Positions: Qwen3-VL's 3-D multimodal RoPE positions (``nvrm.forward.rope``:
+  the release's arithmetic, owned by nvrm), computed here per sequence from
+  token ids, image grids and four config numbers, so the thread that drives
+  the model never walks tokens in Python.
 - Pixels: the codec's uint8 patches (normalised on the device later), or the
   processor's float32 values when no exact codec exists.
 
@@ -18,7 +18,6 @@ Shapes: L tokens, P prefix tokens, S suffix tokens, N patches, I images.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Sequence
 
 import torch
@@ -26,41 +25,8 @@ import torch
 from ..contract import Contract
 from ..prompt import render
 from ..forward.pixels import to_pixel_values  # noqa: F401 - the engine's callers find it here
+from ..forward.rope import RopeSpec
 from .codec import PixelCodec
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """The config numbers ``get_rope_index`` reads (picklable, no model needed)."""
-
-    spatial_merge_size: int
-    image_token_id: int
-    video_token_id: int
-    vision_start_token_id: int
-
-    @classmethod
-    def from_config(cls, config) -> "RopeSpec":
-        return cls(
-            config.vision_config.spatial_merge_size,
-            config.image_token_id,
-            config.video_token_id,
-            config.vision_start_token_id,
-        )
-
-    def positions(self, ids: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
-        """[3, L] positions of one unpadded sequence ``ids`` [L] with image grids [I, 3]."""
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
-
-        fake = SimpleNamespace(
-            config=SimpleNamespace(
-                vision_config=SimpleNamespace(spatial_merge_size=self.spatial_merge_size),
-                image_token_id=self.image_token_id,
-                video_token_id=self.video_token_id,
-                vision_start_token_id=self.vision_start_token_id,
-            )
-        )
-        pos, _ = Qwen3VLModel.get_rope_index(fake, ids.unsqueeze(0), grids, None, None)
-        return pos[:, 0]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as _checkpoint
 from transformers import DynamicCache
 
+from .compat import lm_forward
 from .model import RewardHead, image_features, to_device
 from .prefix import Prefix
 from .vision import checkpointing as vision_checkpointing
@@ -36,7 +37,9 @@ class FrozenPrefixCache(DynamicCache):
         super().__init__(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv], config=config)
         self._prefix = [(layer.keys, layer.values) for layer in self.layers]
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """The prefix's keys and values followed by the new ones (extra arguments, which differ between
+        transformers versions, are not needed)."""
         k, v = self._prefix[layer_idx]
         return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
 
@@ -85,12 +88,12 @@ def suffix_rewards(
         embeds = lm.embed_tokens(ids)
         vis_mask = ids == backbone.config.image_token_id
         embeds = embeds.masked_scatter(vis_mask.unsqueeze(-1).expand_as(embeds), features.to(embeds.dtype))
-        out = lm(
+        out = lm_forward(
+            lm,
+            FrozenPrefixCache(kv, G, lm.config),
             inputs_embeds=embeds,
             attention_mask=torch.ones((G, L), dtype=torch.long, device=device),
             position_ids=positions,
-            past_key_values=FrozenPrefixCache(kv, G, lm.config),
-            cache_position=torch.arange(P, L, device=device),
             use_cache=True,
             visual_pos_masks=vis_mask,
             deepstack_visual_embeds=deep,

@@ -145,11 +145,13 @@ def collate(items: Sequence[Encoded], pad_id: int) -> Batch:
 
 
 def image_features(backbone, vision, pixels: torch.Tensor, grids: torch.Tensor, codec: PixelCodec | None):
-    """(merged features [tokens, H], deepstack list) for pixels already on the model's device."""
-    pixel_values = to_pixel_values(pixels, codec)
-    if vision is not None:
-        return vision(pixel_values, grids)
-    return backbone.visual(pixel_values.type(backbone.visual.dtype), grid_thw=grids.to(pixel_values.device))
+    """(merged features [tokens, H], deepstack list) for pixels already on the model's device, through
+    ``vision`` (a ``VisionEncoder``; one is made for ``backbone`` when None)."""
+    if vision is None:
+        from .vision import VisionEncoder
+
+        vision = VisionEncoder(backbone.visual, getattr(backbone.visual.config, "_attn_implementation", "sdpa"))
+    return vision(to_pixel_values(pixels, codec), grids)
 
 
 def embed(backbone, vision, input_ids: torch.Tensor, pixels: torch.Tensor, grids: torch.Tensor, codec: PixelCodec | None):

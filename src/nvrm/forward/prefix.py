@@ -30,6 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from .batching import plan_batches
+from .compat import lm_forward
 from .model import RewardHead, embed, image_features, to_device
 
 GroupEncoded = Any
@@ -90,11 +91,12 @@ def prefill(backbone, head: RewardHead, prefix: Prefix, enc: GroupEncoded, row: 
     grid = torch.cat([enc.context_grid, enc.candidate_grids[row]])
     embeds, mask, deepstack = embed(backbone, vision, to_device(ids.unsqueeze(0), device), to_device(pixels, device), grid, enc.codec)
     cache = DynamicCache(config=lm.config)
-    out = lm(
+    out = lm_forward(
+        lm,
+        cache,
         inputs_embeds=embeds,
         attention_mask=torch.ones((1, L), dtype=torch.long, device=device),
         position_ids=to_device(enc.positions[row].unsqueeze(1), device),
-        past_key_values=cache,
         use_cache=True,
         visual_pos_masks=mask,
         deepstack_visual_embeds=deepstack,
@@ -175,12 +177,12 @@ def score_suffixes(
             ddp_cache_data=[(k.expand(g, -1, -1, -1), v.expand(g, -1, -1, -1)) for k, v in prefix.kv[P + S]],
             config=lm.config,
         )
-        out = lm(
+        out = lm_forward(
+            lm,
+            cache,
             inputs_embeds=embeds,
             attention_mask=torch.ones((g, P + S), dtype=torch.long, device=device),
             position_ids=positions,
-            past_key_values=cache,
-            cache_position=torch.arange(P, P + S, device=device),
             use_cache=True,
             visual_pos_masks=vis_mask,
             deepstack_visual_embeds=deepstack,

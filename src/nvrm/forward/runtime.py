@@ -35,7 +35,8 @@ class ForwardRuntime:
         attn = getattr(backbone.visual.config, "_attn_implementation", "sdpa")
         self.packed = enable_packing(backbone)
         """Batches run packed (``nvrm.forward.model``): on with plain SDPA attention."""
-        self.vision = VisionEncoder(backbone.visual) if attn in ("sdpa", "flash_attention_2") else None
+        self.vision = VisionEncoder(backbone.visual, "eager" if attn == "eager" else "sdpa")
+        """The vision tower with nvrm's tables and batched attention (eager's arithmetic under ``eager``)."""
 
     def rewards(self, encoded: Sequence[Any], head: RewardHead | None = None) -> torch.Tensor:
         """Raw rewards [B] of encoded items as one batch (no gradient mode is set: the trainer's path too)."""

@@ -9,7 +9,9 @@ same modules with the same weights, but:
 - images of equal patch count attend in one batched sdpa call (one call per
   distinct size; an RL group usually has one or two sizes);
 - the interpolated position embeddings and the rotary cos/sin of each
-  distinct grid are computed once (by the tower's own methods) and cached.
+  distinct grid are computed once and cached. They are nvrm's own
+  (``vision_tables``: transformers 4.57.6's arithmetic, which 5.9 changed), so
+  the tower gives the release's features on every transformers.
 
 Each image still attends only to itself, through the same kernels, so the
 features equal the tower's own up to the attention kernel's reduction order
@@ -29,7 +31,8 @@ from typing import Iterator
 import torch
 import torch.utils.checkpoint
 import torch.nn.functional as F
-from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+from .vision_tables import apply_rotary, pos_embed_interpolate, rotary_freqs, rotary_inv_freq
 
 _CACHE_GRIDS = 64
 _CHECKPOINT: contextvars.ContextVar[bool] = contextvars.ContextVar("nvrm_vision_checkpoint", default=False)
@@ -48,8 +51,13 @@ def checkpointing(on: bool) -> Iterator[None]:
 class VisionEncoder:
     """``visual(pixel_values, grid_thw)`` with batched attention and cached tables."""
 
-    def __init__(self, visual):
+    def __init__(self, visual, attention: str = "sdpa"):
         self.visual = visual
+        self.eager = attention == "eager"
+        """Attention as transformers' eager kernel (matmul, float32 softmax) instead of SDPA."""
+        cfg = visual.config
+        self.merge = int(cfg.spatial_merge_size)
+        self._inv_freq = rotary_inv_freq(int(cfg.hidden_size) // int(cfg.num_heads))
         self._tables: "OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]" = OrderedDict()
 
     def _grid_tables(self, grid: tuple[int, int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,9 +70,8 @@ class VisionEncoder:
         if hit is not None:
             self._tables.move_to_end(key)
             return hit
-        g = torch.tensor([grid], dtype=torch.long, device=device)
-        pos = v.fast_pos_embed_interpolate(g)
-        rot = v.rot_pos_emb(g)
+        pos = pos_embed_interpolate(weight, grid, self.merge)
+        rot = rotary_freqs(grid, self.merge, self._inv_freq.to(device))
         emb = torch.cat((rot, rot), dim=-1)
         tables = (pos, emb.cos(), emb.sin())
         if frozen:
@@ -83,7 +90,7 @@ class VisionEncoder:
         hidden = hidden + torch.cat([t[0] for t in tables])
         cos = torch.cat([t[1] for t in tables])
         sin = torch.cat([t[2] for t in tables])
-        plan = _AttentionPlan(grids, device)
+        plan = _AttentionPlan(grids, device, self.eager)
         deepstack = []
         recompute = _CHECKPOINT.get() and torch.is_grad_enabled()
         for layer, block in enumerate(v.blocks):
@@ -112,7 +119,8 @@ class _AttentionPlan:
     they already are, the usual case); ``runs`` is (count, length) per size.
     """
 
-    def __init__(self, grids: list[tuple[int, int, int]], device: torch.device):
+    def __init__(self, grids: list[tuple[int, int, int]], device: torch.device, eager: bool = False):
+        self.eager = eager
         # a (t, h, w) grid is t frames of h * w patches, each attending to itself
         frames: list[int] = []
         for t, h, w in grids:
@@ -145,7 +153,10 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Attenti
         def heads_first(x: torch.Tensor) -> torch.Tensor:
             return x[start:stop].view(count, length, H, d).transpose(1, 2)  # [n, H, L, d]
 
-        o = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), scale=scale, is_causal=False)
+        if plan.eager:
+            o = _eager(heads_first(q), heads_first(k), heads_first(v), scale)
+        else:
+            o = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), scale=scale, is_causal=False)
         outs.append(o.transpose(1, 2).reshape(count * length, H * d))
         start = stop
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -154,12 +165,19 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Attenti
     return out
 
 
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """transformers' eager attention arithmetic: [n, H, L, d] -> [n, H, L, d]."""
+    weights = torch.matmul(q, k.transpose(2, 3)) * scale
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
 def _block(block, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: _AttentionPlan) -> torch.Tensor:
     """One ``Qwen3VLVisionBlock`` with the batched attention."""
     attn = block.attn
     x = block.norm1(hidden)
     n = x.shape[0]
     q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    q, k = apply_rotary(q, k, cos, sin)
     hidden = hidden + attn.proj(_attention(q, k, v, plan, attn.scaling).contiguous())
     return hidden + block.mlp(block.norm2(hidden))

@@ -68,8 +68,14 @@ def shared_model(path: Any, **load: Any):
     with _MODELS_LOCK:
         model = _MODELS.get(key)
         if model is None:
-            from ..scoring import RewardModel
-
+            try:
+                from ..scoring import RewardModel
+            except ModuleNotFoundError as e:  # an environment with nvrm-client only
+                raise ConfigError(
+                    f"model={os.fspath(path)!r}: scoring in process needs nvrm's runtime, and module {e.name!r} is not "
+                    "installed here; install the runtime (pip install nvrm), or give the URL of a running nvrm serve "
+                    "(nvrm-client is enough for that)"
+                ) from e
             model = RewardModel.from_pretrained(path, **load)
             _MODELS[key] = model
         return model

@@ -5,18 +5,24 @@ verl (0.9) loads ``reward.custom_reward_function.path`` as a module *by file pat
 uses absolute imports only, and every setting arrives in the call:
 
     reward:
+      num_workers: 1                               # in-process: each reward worker (a Ray actor) loads a model
+      reward_manager: {source: register, name: naive}
       custom_reward_function:
-        path: <site-packages>/nvrm/rl/verl.py      # python -c "import nvrm.rl.verl as m; print(m.__file__)"
-        name: compute_score_batch                  # BatchRewardManager; compute_score for per-sample managers
+        path: pkg://nvrm.rl.verl                   # or this file's path
+        name: compute_score
         reward_kwargs:
           model: http://127.0.0.1:8000              # or a bundle path (in-process)
           render: my_project.render:render_video   # what the policy wrote -> the candidate video
           on_error: raise                          # or group_mean, or a number
 
 - ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **settings) -> dict``:
-  per sample. verl's reward loop calls it for many samples at once from worker threads; calls that
+  per sample, for verl 0.9's reward loop (its managers: naive, dapo, gdpo, remote, rate_limited; it
+  has no batch manager). The loop calls it for many samples at once from worker threads; calls that
   arrive within ``coalesce_ms`` are scored together, so a group still shares one prefix prefill.
-- ``compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **settings) -> list[dict]``.
+- ``compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **settings) -> list[dict]``:
+  for verl's legacy ``verl.workers.reward_manager.BatchRewardManager``, which 0.9's trainer no longer
+  builds from a config but which code can still construct (``BatchRewardManager(tokenizer, 0,
+  compute_score_batch, ...)``). It passes numpy object arrays; every column must have one entry per sample.
 - Each sample's ``extra_info`` carries its prompt (``prompt_key``) and context (``context_key``);
   a missing one is an error naming the key, never an empty prompt.
 - One model per process, however many reward managers verl builds (``nvrm.rl.scorer.shared_model``).
@@ -25,9 +31,9 @@ uses absolute imports only, and every setting arrives in the call:
   ``on_error=<number>`` or ``"group_mean"`` fills the score and reports ``nvrm_ok: 0.0``.
 - Every setting is used or refused: an unknown key in ``reward_kwargs`` is a ``ConfigError``.
 
-verl 0.9 needs transformers 5, while the runtime runs on the release profile (transformers
-4.57.6): in a verl process use URL mode (``model: http://...`` against ``nvrm serve`` started from
-nvrm's own environment). The URL path needs only the ``nvrm-client`` distribution (``client/``).
+In process (``model:`` a bundle path) nvrm runs on verl's transformers 5 with the release's rewards
+(the README's version table). URL mode (``model: http://...`` against ``nvrm serve``) needs only the
+``nvrm-client`` distribution (``client/``).
 """
 
 from __future__ import annotations
@@ -46,14 +52,25 @@ def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_
 
 
 def compute_score_batch(data_sources=None, solution_strs=None, ground_truths=None, extra_infos=None, **settings) -> list[dict]:
-    """verl's ``BatchRewardManager`` custom reward; settings from ``reward_kwargs``."""
-    n = len(solution_strs or [])
-    sources = list(data_sources or [None] * n)
-    truths = list(ground_truths or [None] * n)
-    infos = list(extra_infos or [None] * n)
-    if not (len(sources) == len(truths) == len(infos) == n):
-        raise ConfigError(f"compute_score_batch: {len(sources)} data_sources, {n} solution_strs, {len(truths)} ground_truths, {len(infos)} extra_infos")
-    return scorer_for(settings).batch(list(zip(sources, solution_strs, truths, infos)))
+    """verl's ``BatchRewardManager`` custom reward (any sequences: verl passes numpy object arrays); settings
+    from ``reward_kwargs``."""
+    return scorer_for(settings).batch(batch_items(data_sources, solution_strs, ground_truths, extra_infos, "compute_score_batch"))
+
+
+def batch_items(data_sources, solution_strs, ground_truths, extra_infos, where: str) -> list[tuple]:
+    """(data_source, solution_str, ground_truth, extra_info) per sample from verl's columns: lists, tuples or
+    numpy object arrays; a column left out is None for every sample; columns of different lengths are refused."""
+    if solution_strs is None:
+        raise ConfigError(f"{where}: no solution_strs")
+    solutions = list(solution_strs)
+    n = len(solutions)
+    columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos}
+    cols = {k: [None] * n if v is None else list(v) for k, v in columns.items()}
+    bad = {k: len(v) for k, v in cols.items() if len(v) != n}
+    if bad:
+        got = ", ".join(f"{v} {k}" for k, v in bad.items())
+        raise ConfigError(f"{where}: {n} solution_strs but {got}; every column needs one entry per sample")
+    return list(zip(cols["data_sources"], solutions, cols["ground_truths"], cols["extra_infos"]))
 
 
 compute_score.batch = compute_score_batch  # type: ignore[attr-defined]
@@ -76,8 +93,7 @@ def verl_compute_score(model_or_url: Any, **settings: Any):
 
     def batch(data_sources=None, solution_strs=None, ground_truths=None, extra_infos=None, **kwargs) -> list[dict]:
         refuse_unknown(kwargs, VERL_EXTRAS, "compute_score.batch")
-        n = len(solution_strs)
-        return scorer.batch(list(zip(data_sources or [None] * n, solution_strs, ground_truths or [None] * n, extra_infos or [None] * n)))
+        return scorer.batch(batch_items(data_sources, solution_strs, ground_truths, extra_infos, "compute_score.batch"))
 
     fn.batch = batch  # type: ignore[attr-defined]
     return fn

@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 
 from ..bundle import sha256_file, write_backbone, write_manifest  # noqa: F401 (re-exported for tests)
+from ..bundle.assets import qwen3_vl_config, write_config, write_processor, write_tokenizer
+from ..bundle.load import read_config
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -39,6 +41,9 @@ SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
+
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
 
 # A Qwen3-VL style chat template written for nvrm's test bundles: no default
 # system prompt, images as <|vision_start|><|image_pad|><|vision_end|>, text
@@ -156,9 +161,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 
 
 def build_tokenizer(vocab_target: int = 512):
-    """A small byte-level BPE tokenizer with Qwen's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
+    """A small byte-level BPE ``tokenizers.Tokenizer`` with Qwen's special tokens (eos, pad, then the rest:
+    the ids ``Qwen2TokenizerFast`` gives them)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -169,68 +174,34 @@ def build_tokenizer(vocab_target: int = 512):
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    fast = Qwen2TokenizerFast(
-        tokenizer_object=tok,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
-    fast.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-    fast.model_max_length = 262144
-    return fast
+    order = [EOS_TOKEN, PAD_TOKEN] + [t for t in SPECIAL_TOKENS if t not in (EOS_TOKEN, PAD_TOKEN)]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in order])
+    return tok
 
 
-def build_processor(tokenizer, chat_template: str = CHAT_TEMPLATE):
-    """Processor assets shaped like the release's: note the image processor's
-    own pixel bounds (shortest_edge 65,536) differ from the contract's."""
-    from transformers import Qwen2VLImageProcessorFast, Qwen3VLProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    image_processor = Qwen2VLImageProcessorFast(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": 65536, "longest_edge": 16777216},
-    )
-    video_processor = Qwen3VLVideoProcessor(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": 4096, "longest_edge": 25165824},
-    )
-    return Qwen3VLProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=chat_template,
-    )
+def write_assets(bundle: Path, tokenizer, chat_template: str = CHAT_TEMPLATE) -> None:
+    """Tokenizer and processor files shaped like the release's (4.x layout, on every transformers); note
+    the image processor's own pixel bounds (shortest_edge 65,536) differ from the contract's."""
+    write_tokenizer(bundle, tokenizer, SPECIAL_TOKENS, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+    write_processor(bundle, chat_template)
 
 
-def build_config(spec: ArchSpec, tokenizer):
-    from transformers import Qwen3VLConfig
-
-    vocab = len(tokenizer)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+def build_config(spec: ArchSpec, tokenizer) -> dict:
+    """``config.json`` (4.x layout) of a bundle of architecture ``spec`` over ``tokenizer``."""
+    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
     text = dict(
-        vocab_size=vocab,
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
-        max_position_embeddings=262144,
         rope_theta=spec.rope_theta,
         rope_scaling={"rope_type": "default", "mrope_section": list(spec.mrope_section), "mrope_interleaved": True},
-        tie_word_embeddings=True,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
         **spec.extra_text,
     )
     vision = dict(
@@ -239,24 +210,16 @@ def build_config(spec: ArchSpec, tokenizer):
         intermediate_size=spec.vision_intermediate,
         num_heads=spec.vision_heads,
         out_hidden_size=spec.hidden_size,
-        patch_size=16,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
         num_position_embeddings=spec.num_position_embeddings,
         deepstack_visual_indexes=list(spec.deepstack_indexes),
     )
-    config = Qwen3VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    config.architectures = ["Qwen3VLModel"]
-    config.dtype = torch.bfloat16
-    return config
+    token_ids = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+    return qwen3_vl_config(text, vision, token_ids)
 
 
 def _seeded_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:
@@ -267,10 +230,11 @@ def _seeded_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> 
 def random_state_dict(config, spec: ArchSpec) -> dict[str, torch.Tensor]:
     """Backbone weights in the bare ``Qwen3VLModel`` key layout, bfloat16."""
     from accelerate import init_empty_weights
-    from transformers import Qwen3VLModel
+
+    from ..forward.compat import build_backbone
 
     with init_empty_weights():
-        shapes = {k: tuple(v.shape) for k, v in Qwen3VLModel(config).state_dict().items()}
+        shapes = {k: tuple(v.shape) for k, v in build_backbone(config, "sdpa", torch.bfloat16).state_dict().items()}
     out = {}
     for name in sorted(shapes):
         shape = shapes[name]
@@ -321,11 +285,9 @@ def build_tiny_bundle(
     bundle = Path(out_dir)
     bundle.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.vocab_target)
-    processor = build_processor(tokenizer)
-    processor.save_pretrained(str(bundle))
-    config = build_config(spec, tokenizer)
-    config.save_pretrained(str(bundle))
-    _write_weights(bundle, config, spec, key_layout, shards, head_bias)
+    write_assets(bundle, tokenizer)
+    write_config(bundle, build_config(spec, tokenizer))
+    _write_weights(bundle, read_config(bundle), spec, key_layout, shards, head_bias)
     if contract_overrides:
         (bundle / "nvrm_contract.json").write_text(json.dumps(contract_overrides, indent=2, sort_keys=True) + "\n")
     (bundle / "README.md").write_text(f"# {label}\n\nspec: {json.dumps(asdict(spec), sort_keys=True)}\n")
@@ -387,8 +349,6 @@ def build_release_bundle(
     template files unchanged (``.gz`` files decompressed), ``config.json`` shrunk by ``spec``."""
     import gzip
 
-    from transformers import Qwen3VLConfig
-
     src, bundle = Path(release_files), Path(out_dir)
     bundle.mkdir(parents=True, exist_ok=True)
     for name in RELEASE_ASSETS:
@@ -399,8 +359,7 @@ def build_release_bundle(
             (bundle / name).write_bytes(gzip.decompress(packed.read_bytes()))
     raw = json.loads((src / "config.json").read_text())
     (bundle / "config.json").write_text(json.dumps(shrink_config(raw, spec), indent=2, sort_keys=True) + "\n")
-    config = Qwen3VLConfig.from_pretrained(str(bundle))
-    _write_weights(bundle, config, spec, key_layout, shards, head_bias=False)
+    _write_weights(bundle, read_config(bundle), spec, key_layout, shards, head_bias=False)
     (bundle / "README.md").write_text(
         "# nvrm release-shaped random-weight test bundle (NOT the WORL-NVRM release weights)\n\n"
         f"processor, tokenizer and template files from {src.name}; config shrunk to {json.dumps(asdict(spec), sort_keys=True)}\n"
