@@ -258,7 +258,7 @@ def main() -> None:
     items = make_items(args.requests)
 
     from nvrm import RewardModel
-    from nvrm.inputs import prepare_input
+    from nvrm.video.inputs import prepare_input
 
     model = RewardModel.from_pretrained(bundle)
     model.score_batch(items[:2])  # warm-up

@@ -11,6 +11,44 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+_ROOT_ENV = "NVRM_TEST_ROOT"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Everything a test run writes to a temp folder lives in one folder of its own, removed at the end:
+    pytest's tmp paths, ``TMPDIR`` (and so subprocesses' temp files and the servers' logs) and Ray's
+    session folders. A pytest run inside a test (the capability and version matrices) nests in it.
+    ``NVRM_KEEP_TEST_TMP=1`` keeps it (its path is printed)."""
+    import multiprocessing.util
+    import tempfile
+
+    # multiprocessing removes its own temp folder at exit, after this run's folder is gone: it lives
+    # in the system temp folder, made now (before TMPDIR moves), and goes away with the process
+    multiprocessing.util.get_temp_dir()
+    parent = os.environ.get(_ROOT_ENV)
+    root = tempfile.mkdtemp(prefix="nvrm-tests-", dir=parent or None)
+    config._nvrm_test_root = root
+    os.environ[_ROOT_ENV] = root
+    for name, sub in (("TMPDIR", "tmp"), ("RAY_TMPDIR", "ray")):
+        os.makedirs(os.path.join(root, sub))
+        os.environ[name] = os.path.join(root, sub)
+    tempfile.tempdir = None  # re-read TMPDIR
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(root, "pytest")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    root = getattr(config, "_nvrm_test_root", None)
+    if root is None:
+        return
+    if os.environ.get("NVRM_KEEP_TEST_TMP") == "1":
+        print(f"\nnvrm: test files kept in {root}")
+        return
+    shutil.rmtree(root, ignore_errors=True)
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests that compare against transformers' own forward run only where it computes the release's numerics."""

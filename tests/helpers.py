@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 
-from nvrm.numerics import BATCH_DRIFT_ULPS, GROUP_DRIFT_ULPS, bf16_ulp, ulps  # noqa: F401 - one source for the bounds
+from nvrm.bench.numerics import BATCH_DRIFT_ULPS, GROUP_DRIFT_ULPS, bf16_ulp, ulps  # noqa: F401 - one source for the bounds
 
 
 def exit_job(state, code: int) -> None:
@@ -26,7 +26,7 @@ def echo_job(state, value):
     return value, os.getpid()
 
 
-# The drift bounds live in nvrm.numerics (measured by benchmarks/drift_sweep.py; README "Fidelity").
+# The drift bounds live in nvrm.bench.numerics (measured by benchmarks/drift_sweep.py; README "Fidelity").
 GROUP_ULPS = GROUP_DRIFT_ULPS
 BATCH_ULPS = BATCH_DRIFT_ULPS
 
@@ -65,6 +65,50 @@ def cap_address_space(gb: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+class InProcessServer:
+    """The service app in this process, over a loaded model: no port, no subprocess (the logic tests).
+
+    ``get`` / ``post`` are a ``fastapi.testclient.TestClient``'s (paths relative to the app);
+    ``client(**kw)`` is a ``RewardClient`` that sends through it. Use ``Server`` for what needs a
+    process: signals, address-space caps, uvicorn's connection limits, the CLI.
+    """
+
+    url = "http://testserver"
+
+    def __init__(self, model, **config):
+        from fastapi.testclient import TestClient
+
+        from nvrm.serve.app import create_app
+        from nvrm.serve.config import ServeConfig
+
+        self.app = create_app(model, ServeConfig(**config))
+        self.http = TestClient(self.app, raise_server_exceptions=False)
+        self.http.__enter__()  # runs the app's lifespan: the scheduler starts
+        self.serving = self.app.state.nvrm
+
+    def get(self, path: str, **kw):
+        return self.http.get(path, **kw)
+
+    def post(self, path: str, **kw):
+        return self.http.post(path, **kw)
+
+    def client(self, **kw):
+        import httpx
+
+        from nvrm.client import RewardClient
+
+        return RewardClient(self.url, http=self.http, ahttp=httpx.AsyncClient(transport=httpx.ASGITransport(self.app), base_url=self.url), **kw)
+
+    def stop(self):
+        self.http.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 class Server:
     """``nvrm serve`` in a subprocess on a free loopback port, ready when constructed."""
 
@@ -78,7 +122,9 @@ class Server:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"nvrm-serve-{self.port}.log", "w+")
+        import tempfile
+
+        self.log = open(Path(tempfile.gettempdir()) / f"nvrm-serve-{self.port}.log", "w+")  # the test run's own temp folder
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "nvrm"), "serve", "--model", str(bundle), "--port", str(self.port), *map(str, extra)],
             stdout=self.log,
@@ -96,6 +142,16 @@ class Server:
                 pass
             time.sleep(0.1)
         raise AssertionError("server did not become ready: " + self.output())
+
+    def get(self, path: str, **kw):
+        import httpx
+
+        return httpx.get(self.url + path, **kw)
+
+    def post(self, path: str, **kw):
+        import httpx
+
+        return httpx.post(self.url + path, **kw)
 
     def output(self) -> str:
         self.log.flush()

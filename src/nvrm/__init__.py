@@ -1,6 +1,6 @@
 """nvrm: runtime for the WORL-NVRM next-video reward model.
 
-    from nvrm import RewardModel, Clip
+    from . import RewardModel, Clip
     rm = RewardModel.from_pretrained("artifacts/WORL-NVRM")
     rm.score("a prompt", "context.mp4", "candidate.mp4").reward
 
@@ -17,14 +17,14 @@ from ._version import __version__  # noqa: F401 - the one version (pyprojects re
 from .errors import BundleError, ContractError, InputError, IntegrityError, LimitError, NvrmError, RewardFnError
 
 _LAZY = {
-    "RewardModel": "scoring",
+    "RewardModel": "scoring.reward_model",
     "ScoreResult": "results",
     "Clip": "clip",
     "Contract": "contract",
     "RELEASE_CONTRACT": "contract",
     "Limits": "limits",
     "LoadSettings": "settings",
-    "make_reward_fn": "rewardfn",
+    "make_reward_fn": "rl.reward_fn",
 }
 
 __all__ = [
@@ -64,6 +64,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .contract import RELEASE_CONTRACT, Contract
     from .limits import Limits
     from .results import ScoreResult
-    from .rewardfn import make_reward_fn
-    from .scoring import RewardModel
+    from .rl.reward_fn import make_reward_fn
+    from .scoring.reward_model import RewardModel
     from .settings import LoadSettings

@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import BundleError, ConfigError
-from .flags import DTYPE_NAMES
 
 CONTRACT_FILENAME = "nvrm_contract.json"
 OFF_CONTRACT_OPTIONS = ("short_candidates", "no_context")
 
+
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+"""Dtypes a backbone or reward head can run in (the one list: settings and the CLI read it here)."""
 
 @dataclass(frozen=True)
 class Contract:

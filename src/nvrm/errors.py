@@ -72,6 +72,14 @@ class InternalError(NvrmError):
         return cls(f"internal error: {type(e).__name__}: {e}")
 
 
+class ModelError(InternalError):
+    """The model produced something no result may carry (a non-finite reward): its weights are broken."""
+
+
+class TrainingError(NvrmError):
+    """Training cannot go on (a non-finite loss or gradient, a model not fit to export); the message names the step."""
+
+
 class LimitError(InputError):
     """An input would exceed one of the work limits (``nvrm.Limits``); the message names it."""
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from .errors import ConfigError
 from .limits import Limits
-from .flags import DTYPE_NAMES, meta as _help
+from .cli.fields import meta as _help
+from .contract import DTYPE_NAMES
 
 MAX_WORKERS = 256
 """More preprocessing workers than this is a mistake (each holds a processor; processes fork)."""

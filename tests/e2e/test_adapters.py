@@ -412,3 +412,35 @@ def test_a_bad_on_error_is_a_config_error_naming_the_value(demo):
             make(model, on_error="skip")
         with pytest.raises(ConfigError, match="on_error=True"):
             make(model, on_error=True)
+
+
+# ---------------------------------------------------------------- one rule for every adapter
+
+
+def test_group_mean_and_empty_prompts_are_one_rule_through_every_adapter(demo):
+    """The same call through make_reward_fn, TRL, verl and flow-GRPO: a failed slot gets the mean of its
+    own group's scored items (same prompt and context), and an empty prompt is refused, never scored."""
+    from nvrm import make_reward_fn
+
+    model, ctx, cands = demo
+    other = "A square drifts slowly to the left."
+    prompts = [PROMPT, PROMPT, PROMPT, other, other, other, "  "]
+    videos = [str(cands["smooth"]), "/no/such.mp4", str(cands["frozen"]), str(cands["teleport"]), str(cands["reversed"]), "/no/such.mp4", str(cands["smooth"])]
+    contexts = [str(ctx)] * len(prompts)
+    g1 = [r.reward for r in model.score_group(PROMPT, ctx, [videos[0], videos[2]])]
+    g2 = [r.reward for r in model.score_group(other, ctx, [videos[3], videos[4]])]
+    scored = g1 + g2
+    want = [g1[0], sum(g1) / 2, g1[1], g2[0], g2[1], sum(g2) / 2, sum(scored) / len(scored)]
+
+    outs = {"make_reward_fn": make_reward_fn(model, on_error="group_mean")(prompts, contexts, videos)}
+    trl = trl_reward(model, on_error="group_mean")
+    outs["trl"] = trl(prompts=prompts, completions=videos, context_video=contexts)
+    infos = [{"prompt": p, "context_video": c} for p, c in zip(prompts, contexts)]
+    outs["verl"] = [o["score"] for o in verl_compute_score(model, on_error="group_mean").batch(["v"] * len(prompts), videos, [None] * len(prompts), infos)]
+    scores, info = flow_grpo_reward(model, on_error="group_mean")()(videos, prompts, [{"context_video": c} for c in contexts])
+    outs["flow_grpo"] = scores
+    assert info["nvrm_failed"] == [1, 5, 6] and "empty" in info["nvrm_errors"][6]
+    for name, got in outs.items():
+        assert got == want, name
+    with pytest.raises(RewardFnError, match=r"item 0: the prompt \(prompts\[i\]\) is empty"):
+        make_reward_fn(model)(prompts[-1:], contexts[-1:], videos[-1:])

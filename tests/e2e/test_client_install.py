@@ -33,7 +33,7 @@ import numpy as np, torch, transformers
 from nvrm.rl import flow_grpo_reward
 videos = torch.from_numpy(np.load(sys.argv[3]))  # [B, T, C, H, W] float32 in [0, 1]
 scores, info = flow_grpo_reward(sys.argv[1], fps=1.0, on_error="group_mean")("cpu")(videos, ["p", "p", "p"], [{"context_video": sys.argv[2]}] * 3)
-heavy = sorted(m for m in ("nvrm.scoring", "nvrm.engine", "av", "qwen_vl_utils") if m in sys.modules)
+heavy = sorted(m for m in ("nvrm.scoring.reward_model", "nvrm.engine", "av", "qwen_vl_utils") if m in sys.modules)
 print(json.dumps({"scores": scores, "failed": info["nvrm_failed"], "torch": torch.__version__, "transformers": transformers.__version__, "heavy": heavy}))
 """
 

@@ -1,4 +1,5 @@
-"""The reward service on loopback: a real `nvrm serve` process, real HTTP."""
+"""The reward service's logic, with the app in process (``InProcessServer``: no port, no subprocess);
+the tests that need a process (signals) start ``nvrm serve`` itself (``Server``)."""
 
 import base64
 import json
@@ -18,7 +19,7 @@ from nvrm import Clip, RewardFnError, make_reward_fn
 from nvrm.client import RemoteItemError, RewardClient, ServiceError
 from nvrm.protocol import encode_frames
 from nvrm.synth.clips import moving_square
-from helpers import GROUP_ULPS, Server, bf16_ulp, in_threads
+from helpers import GROUP_ULPS, InProcessServer, Server, bf16_ulp, in_threads
 
 
 # small portrait frames keep each item cheap (~400 tokens) so many requests fit in CI time
@@ -40,8 +41,8 @@ def data_dir(tmp_path_factory, clips):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_bundle, data_dir):
-    s = Server(tiny_bundle, "--allow-dir", data_dir[0], "--max-queue-items", 64, "--max-body-mb", 2, "--max-wait-ms", 10)
+def server(model, data_dir):
+    s = InProcessServer(model, allow_dirs=(str(data_dir[0]),), max_queue_items=64, max_body_mb=2, max_wait_ms=10)
     yield s
     s.stop()
 
@@ -53,7 +54,7 @@ def expected(model):
 
 def post(server, path, body, headers=None):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(server.url + path, content=data, headers={"content-type": "application/json", **(headers or {})}, timeout=60)
+    return server.post(path, content=data, headers={"content-type": "application/json", **(headers or {})}, timeout=60)
 
 
 def frames(clip):
@@ -61,12 +62,12 @@ def frames(clip):
 
 
 def test_probes_info_and_metrics(server, model):
-    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
-    assert httpx.get(server.url + "/readyz").json() == {"status": "ready"}
-    info = httpx.get(server.url + "/v1/info").json()
+    assert server.get("/healthz").json() == {"status": "ok"}
+    assert server.get("/readyz").json() == {"status": "ready"}
+    info = server.get("/v1/info").json()
     assert info["model"]["revision"] == "tiny-test-0001" and info["contract"]["fingerprint"] == model.fingerprint
     assert info["limits"]["max_queue_items"] == 64 and info["limits"]["path_inputs"] is True
-    text = httpx.get(server.url + "/metrics").text
+    text = server.get("/metrics").text
     for name in ("nvrm_requests_total", "nvrm_items_total", "nvrm_batch_size", "nvrm_items_admitted", "nvrm_request_seconds_bucket", "nvrm_context_cache_total"):
         assert name in text
 
@@ -77,7 +78,7 @@ def test_concurrent_clients_get_every_answer_right_once(server, expected):
     failures: list[str] = []
 
     def client(k):
-        c = RewardClient(server.url, retries=50, backoff=0.05)
+        c = server.client(retries=50, backoff=0.05)
         for j in range(20):
             a, b = (k + j) % 4, (k + 2 * j + 1) % 4
             try:
@@ -95,7 +96,7 @@ def test_concurrent_clients_get_every_answer_right_once(server, expected):
     in_threads(client, 32)
     assert failures == []
     assert len(answers) == 32 * 20
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = server.get("/metrics").text
     sizes = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("nvrm_batch_size_")}
     assert sizes["nvrm_batch_size_sum"] / sizes["nvrm_batch_size_count"] > 1.5, "requests were not batched together"
 
@@ -145,7 +146,7 @@ def test_malformed_requests_get_4xx_json_and_the_server_keeps_serving(server, bo
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert needle in err["message"] and "\n" not in err["message"] and "Traceback" not in r.text
-    assert httpx.get(server.url + "/healthz").status_code == 200
+    assert server.get("/healthz").status_code == 200
 
 
 def test_paths_cannot_leave_the_allowed_dirs(server, data_dir):
@@ -162,8 +163,8 @@ def test_size_limits_and_unknown_routes(server):
     many = {"prompt": "p", "context": frames(CTX), "candidates": [{"data": "AAAA"}] * 65}
     r = post(server, "/v1/score_group", many)
     assert r.status_code == 413 and "limit is 64" in r.json()["error"]["message"]
-    assert httpx.get(server.url + "/nope").json()["error"]["code"] == "not_found"
-    assert httpx.get(server.url + "/v1/score").status_code == 405
+    assert server.get("/nope").json()["error"]["code"] == "not_found"
+    assert server.get("/v1/score").status_code == 405
 
 
 def test_backpressure_answers_503_with_retry_after(server):
@@ -172,7 +173,7 @@ def test_backpressure_answers_503_with_retry_after(server):
     body = json.dumps({"prompt": "p", "context": frames(CTX), "candidates": [frames(c) for c in CANDS] * 2})
 
     def hit():
-        r = httpx.post(server.url + "/v1/score_group", content=body, headers={"content-type": "application/json"}, timeout=120)
+        r = server.post("/v1/score_group", content=body, headers={"content-type": "application/json"}, timeout=120)
         seen.append(r.status_code)
         if r.status_code == 503:
             retry_after.append(r.headers.get("retry-after"))
@@ -180,11 +181,11 @@ def test_backpressure_answers_503_with_retry_after(server):
     in_threads(lambda _: hit(), 16)  # 16 x 8 items against a queue of 64
     assert set(seen) <= {200, 503} and 200 in seen and 503 in seen, seen
     assert all(ra == "1" for ra in retry_after)
-    assert "nvrm_rejected_total{reason=\"queue_full\"}" in httpx.get(server.url + "/metrics").text
+    assert "nvrm_rejected_total{reason=\"queue_full\"}" in server.get("/metrics").text
 
 
 def test_reward_fn_over_http_and_in_process(server, model, expected):
-    fn = make_reward_fn(server.url)
+    fn = make_reward_fn(server.client())
     got = fn(["p"] * 4, [CTX] * 4, CANDS)  # one context: scored as a group
     assert all(abs(g - w) <= GROUP_ULPS * bf16_ulp(w) for g, w in zip(got, expected))
     local = make_reward_fn(model)
@@ -192,7 +193,7 @@ def test_reward_fn_over_http_and_in_process(server, model, expected):
     bad = Clip(moving_square(2, 64, 32), fps=1)  # too short to be a candidate
     with pytest.raises(RewardFnError, match=r"1 of 3 item\(s\) failed: \[1\]"):
         fn(["p"] * 3, [CTX] * 3, [CANDS[0], bad, CANDS[1]])
-    filled = make_reward_fn(server.url, on_error="nan")(["p"] * 3, [CTX] * 3, [CANDS[0], bad, CANDS[1]])
+    filled = make_reward_fn(server.client(), on_error="nan")(["p"] * 3, [CTX] * 3, [CANDS[0], bad, CANDS[1]])
     assert math.isnan(filled[1]) and not math.isnan(filled[0])
 
 
@@ -200,7 +201,7 @@ def test_async_client(server, expected):
     import asyncio
 
     async def go():
-        c = RewardClient(server.url)
+        c = server.client()
         res = await asyncio.gather(*(c.ascore_batch([("p", CTX, CANDS[i])]) for i in range(4)))
         group = await c.ascore_group("p", CTX, [CANDS[3], Clip(moving_square(2, 64, 32), fps=1)], errors="return")
         await c.aclose()
@@ -211,21 +212,21 @@ def test_async_client(server, expected):
     assert isinstance(group[1], RemoteItemError) and group[1].code == "contract_violation"
 
 
-def test_auth_and_request_timeout(tiny_bundle):
-    s = Server(tiny_bundle, "--api-key-env", "NVRM_TEST_KEY", "--request-timeout-s", "0.001", env={"NVRM_TEST_KEY": "s3cret"})
+def test_auth_and_request_timeout(model):
+    s = InProcessServer(model, api_key="s3cret", request_timeout_s=0.001)
     try:
-        assert httpx.get(s.url + "/healthz").status_code == 200  # probes stay open
+        assert s.get("/healthz").status_code == 200  # probes stay open
         for path in ("/v1/info", "/metrics"):
-            assert httpx.get(s.url + path).status_code == 401
-            assert httpx.get(s.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert s.get(path).status_code == 401
+            assert s.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
         good = {"Authorization": "Bearer s3cret"}
-        assert httpx.get(s.url + "/v1/info", headers=good).status_code == 200
+        assert s.get("/v1/info", headers=good).status_code == 200
         body = {"items": [{"prompt": "p", "context": frames(CTX), "candidate": frames(CANDS[0])}]}
         assert post(s, "/v1/score", body).status_code == 401
         r = post(s, "/v1/score", body, headers=good)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         with pytest.raises(ServiceError, match="504"):
-            RewardClient(s.url, api_key="s3cret", retries=1, backoff=0.01).score("p", CTX, CANDS[0])
+            s.client(api_key="s3cret", retries=1, backoff=0.01).score("p", CTX, CANDS[0])
     finally:
         s.stop()
 
@@ -275,8 +276,8 @@ def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
 
 
 def test_binary_multipart_gives_the_json_answers(server, expected):
-    json_client = RewardClient(server.url, transport="json")
-    binary = RewardClient(server.url)  # multipart with raw .npy parts
+    json_client = server.client(transport="json")
+    binary = server.client()  # multipart with raw .npy parts
     a = [r.reward for r in json_client.score_group("p", CTX, CANDS)]
     b = [r.reward for r in binary.score_group("p", CTX, CANDS)]
     assert a == b and all(abs(x - w) <= GROUP_ULPS * bf16_ulp(w) for x, w in zip(b, expected))
@@ -285,21 +286,21 @@ def test_binary_multipart_gives_the_json_answers(server, expected):
 
     request = {"prompt": "p", "context": {"part": "ctx", "fps": CTX.fps}, "candidates": [{"part": "c0", "fps": CANDS[0].fps}]}
     files = {"request": (None, json.dumps(request), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy())), "c0": ("c0.npy", npy_bytes(CANDS[0].numpy()))}
-    r = httpx.post(server.url + "/v1/score_group", files=files, timeout=60)
+    r = server.post("/v1/score_group", files=files, timeout=60)
     assert r.status_code == 200 and r.json()["results"][0]["reward"] == b[0]
     bad = {"request": (None, json.dumps({**request, "candidates": [{"part": "nope", "fps": 1}]}), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy()))}
-    r = httpx.post(server.url + "/v1/score_group", files=bad, timeout=60)
+    r = server.post("/v1/score_group", files=bad, timeout=60)
     assert r.status_code == 400 and "names no part" in r.json()["error"]["message"]
 
 
-def test_separate_requests_that_share_a_context_are_scored_together(tiny_bundle, model):
-    s = Server(tiny_bundle, "--max-wait-ms", 200)
+def test_separate_requests_that_share_a_context_are_scored_together(model):
+    s = InProcessServer(model, max_wait_ms=200)
     try:
         before = {k: v for k, v in _metric_values(s).items()}
         results = [None] * 8
 
         def hit(i):
-            results[i] = RewardClient(s.url).score("shared", CTX, CANDS[i % 4]).reward
+            results[i] = s.client().score("shared", CTX, CANDS[i % 4]).reward
 
         in_threads(hit, 8)
         after = _metric_values(s)
@@ -314,7 +315,7 @@ def test_separate_requests_that_share_a_context_are_scored_together(tiny_bundle,
 
 def _metric_values(s) -> dict[str, float]:
     out = {}
-    for line in httpx.get(s.url + "/metrics").text.splitlines():
+    for line in s.get("/metrics").text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
@@ -322,12 +323,12 @@ def _metric_values(s) -> dict[str, float]:
 
 
 def test_openapi_docs_describe_the_protocol(server):
-    spec = httpx.get(server.url + "/openapi.json").json()
+    spec = server.get("/openapi.json").json()
     schemas = spec["components"]["schemas"]
     assert {"ScoreRequest", "GroupRequest", "Video", "ScoreResponse", "ErrorResponse"} <= set(schemas)
     body = spec["paths"]["/v1/score_group"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "multipart/form-data"}
-    assert httpx.get(server.url + "/docs").status_code == 200
+    assert server.get("/docs").status_code == 200
 
 
 def test_the_client_imports_without_torch():
@@ -352,9 +353,9 @@ def test_the_client_imports_without_torch():
     ],
 )
 def test_hostile_json_is_refused_cheaply(server, raw, status, needle):
-    r = httpx.post(server.url + "/v1/score", content=raw, headers={"content-type": "application/json"}, timeout=60)
+    r = server.post("/v1/score", content=raw, headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == status and needle in r.json()["error"]["message"], r.text
-    assert httpx.get(server.url + "/healthz").status_code == 200
+    assert server.get("/healthz").status_code == 200
 
 
 def test_an_npy_that_declares_terabytes_is_refused_from_its_header(server):
@@ -372,19 +373,19 @@ def test_an_npy_that_declares_terabytes_is_refused_from_its_header(server):
     assert r.status_code == 400 and "(1228800000 bytes) but carries" in r.json()["error"]["message"]
 
 
-def test_a_megabyte_prompt_is_refused_and_others_keep_being_served(tiny_bundle, expected):
-    s = Server(tiny_bundle, "--max-body-mb", 8)
+def test_a_megabyte_prompt_is_refused_and_others_keep_being_served(model, expected):
+    s = InProcessServer(model, max_body_mb=8)
     try:
         body = {"items": [{"prompt": "word " * 200_000, "context": frames(CTX), "candidate": frames(CANDS[0])}]}
         r = post(s, "/v1/score", body)
         assert r.status_code == 422 and r.json()["results"][0]["error"]["code"] == "limit_exceeded"
         assert "max_prompt_tokens" in r.json()["results"][0]["error"]["message"]
         surrogate = json.dumps({"items": [{"prompt": "bad \ud800", "context": frames(CTX), "candidate": frames(CANDS[0])}]})
-        r = httpx.post(s.url + "/v1/score", content=surrogate, headers={"content-type": "application/json"}, timeout=60)
+        r = s.post("/v1/score", content=surrogate, headers={"content-type": "application/json"}, timeout=60)
         assert r.status_code == 422 and "not valid Unicode" in r.json()["results"][0]["error"]["message"]
         slow = {"items": [{"prompt": "p", "context": {"frames": encode_frames(np.zeros((16, 8, 8, 3), np.uint8)), "fps": 1e-300}, "candidate": frames(CANDS[0])}]}
         assert "outside min_fps" in post(s, "/v1/score", slow).json()["error"]["message"]
-        good = RewardClient(s.url).score("p", CTX, CANDS[1]).reward
+        good = s.client().score("p", CTX, CANDS[1]).reward
         assert abs(good - expected[1]) <= GROUP_ULPS * bf16_ulp(expected[1])
     finally:
         s.stop()

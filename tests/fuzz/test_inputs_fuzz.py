@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nvrm import Clip, Contract
 from nvrm.errors import NvrmError
-from nvrm.inputs import prepare_input
+from nvrm.video.inputs import prepare_input
 
 pytestmark = pytest.mark.fuzz
 C = Contract()

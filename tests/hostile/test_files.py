@@ -109,7 +109,7 @@ def test_display_rotation_is_not_applied_and_said_once(tmp_path, caplog):
     import struct
 
     from nvrm import Contract
-    from nvrm.inputs import prepare_input
+    from nvrm.video.inputs import prepare_input
     from nvrm.synth.clips import moving_square, write_video
 
     plain = write_video(tmp_path / "plain.mp4", moving_square(48, 64, 96, seed=1), 8)

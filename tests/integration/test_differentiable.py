@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nvrm import Clip, RewardModel
-from nvrm.differentiable import quantize
+from nvrm.scoring.differentiable import quantize
 from nvrm.errors import InputError
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
@@ -138,7 +138,7 @@ def test_the_plain_api_detaches_frames_that_require_grad(model):
 
 
 def test_refl_reward_groups_items_and_keeps_the_graph(model):
-    from nvrm.adapters import refl_reward
+    from nvrm.rl import refl_reward
     from nvrm.errors import ConfigError, RewardFnError
 
     other = Clip(moving_square(4, 64, 96, seed=9), fps=1)

@@ -15,7 +15,7 @@ from nvrm.engine import Engine, PixelCodec
 from nvrm.engine.workers import to_numpy, to_torch
 from nvrm.engine.workers import Workers
 from nvrm.errors import InternalError
-from nvrm.inputs import prepare_input
+from nvrm.video.inputs import prepare_input
 from nvrm.synth.clips import moving_square
 
 CTX = Clip(moving_square(16, 96, 128, seed=1), fps=4)

@@ -83,7 +83,7 @@ def test_bad_candidate_in_group(model):
 
 def test_compiled_model_scores_like_eager(tiny_bundle, model32):
     from nvrm.errors import ConfigError
-    from nvrm.numerics import cpu_attention_degraded
+    from nvrm.forward.cpu_attention import cpu_attention_degraded
 
     if cpu_attention_degraded():  # a lowered ATEN_CPU_CAPABILITY on an AMX CPU: compiled attention is broken in torch
         with pytest.raises(ConfigError, match="compile=True.*NaN"):

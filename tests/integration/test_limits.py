@@ -13,7 +13,7 @@ import pytest
 
 from nvrm import Clip, Contract, InputError, RewardModel
 from nvrm.errors import ConfigError, LimitError
-from nvrm.inputs import prepare_input
+from nvrm.video.inputs import prepare_input
 from nvrm.limits import Limits
 from nvrm.synth.clips import moving_square, write_video
 from nvrm.video.sampling import context_ticks
@@ -109,7 +109,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_within_a_memory_bound(t
         import re, resource, sys
         from nvrm import Contract
         from nvrm.errors import LimitError
-        from nvrm.inputs import prepare_input
+        from nvrm.video.inputs import prepare_input
         vm = int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))  # 256 MB more at most
         try:
@@ -137,7 +137,7 @@ def test_a_legal_large_source_is_decoded_frame_by_frame(tmp_path, monkeypatch):
         alive.append(image.size)
         return real(image, contract, source)
 
-    monkeypatch.setattr("nvrm.inputs.prepare_frame", spy)
+    monkeypatch.setattr("nvrm.video.inputs.prepare_frame", spy)
     video = prepare_input(path, "context", C)
     assert len(video.images) == 2 and all(im.height <= 360 for im in video.images)
     assert alive and all(size == (1280, 720) for size in alive)  # transformed straight from the decoder
@@ -172,21 +172,22 @@ def test_groups_over_the_candidate_limit_are_refused_whole(tiny_bundle):
 
 def test_a_big_group_is_prepared_a_few_chunks_at_a_time(tiny_bundle, monkeypatch):
     import nvrm.engine.core as core
+    from nvrm.scoring import streaming
 
     with RewardModel.from_pretrained(tiny_bundle, device="cpu", group_chunk=4) as m:
         submitted, scored = [], []
-        real_submit, real_chunk = core.Engine.submit_group, m.score_chunk
+        real_submit, real_chunk = core.Engine.submit_group, streaming.score_chunk
 
         def submit(self, prompt, context, cands):
             submitted.append(len(cands))
             return real_submit(self, prompt, context, cands)
 
-        def chunk(group, prefix, exact):
+        def chunk(pipe, group, prefix, exact):
             scored.append(len(submitted))
-            return real_chunk(group, prefix, exact)
+            return real_chunk(pipe, group, prefix, exact)
 
         monkeypatch.setattr(core.Engine, "submit_group", submit)
-        monkeypatch.setattr(m, "score_chunk", chunk)
+        monkeypatch.setattr(streaming, "score_chunk", chunk)
         short = Clip(moving_square(8, 64, 80), fps=4)
         cands = [CAND] * 9 + [short] + [CAND] * 10  # 20 candidates, one bad, 5 chunks
         out = m.score_group("p", CAND, cands, errors="return")

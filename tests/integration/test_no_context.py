@@ -14,7 +14,7 @@ import pytest
 
 from nvrm import Clip, Contract, RewardModel
 from nvrm.errors import ConfigError, InputError, RewardFnError
-from nvrm.inputs import prepare_input
+from nvrm.video.inputs import prepare_input
 from nvrm.synth.clips import moving_square
 
 CANDS = [Clip(moving_square(5, 64, 96, seed=10 + i, speed=1 + i), fps=1) for i in range(3)]
@@ -40,7 +40,7 @@ def test_a_missing_context_is_an_error_naming_the_slot_and_the_opt_in(model):
 
 @pytest.mark.transformers_forward
 def test_no_context_rewards_equal_the_reference_with_zero_context_images(open_model, tiny_bundle):
-    from nvrm.reference import ReferenceScorer
+    from nvrm.bench.reference import ReferenceScorer
 
     ref = ReferenceScorer(tiny_bundle, contract=open_model.contract)
     want = [ref.reward(ref.inputs("p", [], list(prepare_input(c, "candidate", open_model.contract).images))) for c in CANDS]

@@ -8,8 +8,8 @@ import torch
 from nvrm import Clip
 from nvrm.synth.clips import moving_square, write_video
 from nvrm.engine.tasks import item_job
-from nvrm.reference import ReferenceScorer, reference_images
-from nvrm.numerics import BATCH_DRIFT_ULPS, bf16_ulp, ulps
+from nvrm.bench.reference import ReferenceScorer, reference_images
+from nvrm.bench.numerics import BATCH_DRIFT_ULPS, bf16_ulp, ulps
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_processor_gets_contract_pixel_bounds(model):
     from PIL import Image
 
     assert model.processor.image_processor.size["shortest_edge"] == 65536  # the release-style trap is present
-    from nvrm.prompt import images_kwargs
+    from nvrm.engine.chat import images_kwargs
 
     frames = [Image.fromarray(np.full((64, 864, 3), 128, np.uint8))] * 5  # already contract-sized
     out = model.processor(text=["<|image_pad|>"], images=frames[:1], return_tensors="pt", images_kwargs=images_kwargs(model.contract))

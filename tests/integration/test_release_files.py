@@ -15,8 +15,8 @@ from PIL import Image
 from helpers import release_files
 from nvrm import Clip, InputError, RewardModel
 from nvrm.engine.tasks import item_job
-from nvrm.prompt import images_kwargs, render
-from nvrm.reference import ReferenceScorer
+from nvrm.engine.chat import images_kwargs, render
+from nvrm.bench.reference import ReferenceScorer
 from nvrm.synth.bundles import ArchSpec, build_release_bundle
 from nvrm.synth.clips import moving_square
 

@@ -111,20 +111,22 @@ def test_a_big_group_lets_each_scored_chunk_go(tiny_bundle):
 
     clips = [Clip(moving_square(5, 64, 96, seed=40 + i), fps=1) for i in range(16)]
     with RewardModel.from_pretrained(tiny_bundle, device="cpu", group_chunk=4, workers=2) as m:
-        seen: list = []
-        real = type(m).score_chunk
+        from nvrm.scoring import streaming
 
-        def spy(self, group, prefix, exact):
-            out = real(self, group, prefix, exact)
+        seen: list = []
+        real = streaming.score_chunk
+
+        def spy(pipe, group, prefix, exact):
+            out = real(pipe, group, prefix, exact)
             seen.append([weakref.ref(c) for c in group.candidates])
             return out
 
         gc.disable()
         try:
-            type(m).score_chunk = spy
+            streaming.score_chunk = spy
             rewards = m.score_group("p", CTXS[0], clips)
         finally:
-            type(m).score_chunk = real
+            streaming.score_chunk = real
             gc.enable()
         assert len(seen) == 4 and all(r.reward is not None for r in rewards)
         assert all(ref() is None for chunk in seen[:3] for ref in chunk)  # only what is still referenced lives on

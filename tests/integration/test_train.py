@@ -21,7 +21,7 @@ def task(tmp_path_factory):
 
 
 def make(tiny_bundle, out, **kw):
-    cfg = dict(epochs=2, batch_pairs=4, lr=3e-3, warmup_steps=2, lora_rank=4, seed=11, save_every=3)
+    cfg = dict(epochs=2, batch_pairs=4, lr=3e-3, warmup_steps=2, lora_rank=4, seed=11, save_every=3, cache_inputs=True)
     cfg.update(kw)
     return Trainer(tiny_bundle, out, TrainConfig(**cfg), device="cpu", log_stream=open("/dev/null", "w"))
 
@@ -55,7 +55,7 @@ def test_same_seed_same_run_and_resume_continues_exactly(tiny_bundle, task, tmp_
     part = make(tiny_bundle, tmp_path / "split")
     _train_one_epoch(part, part.load_pairs(task["train"], "training"))
     resumed = make(tiny_bundle, tmp_path / "split")
-    assert resumed.resume() and resumed.step == 6 and resumed.epoch == 1
+    assert resumed.resume() and resumed.progress.step == 6 and resumed.progress.epoch == 1
     resumed.train(resumed.load_pairs(task["train"], "training"))
     assert losses(tmp_path / "split") == pytest.approx(losses(tmp_path / "full"), abs=1e-6)
     assert torch.allclose(resumed.head.weight, full.head.weight, atol=1e-6)
@@ -70,7 +70,7 @@ def _train_one_epoch(trainer, pairs):
 
     def save_then_maybe_stop():
         path = real()
-        if trainer.epoch == 1 and trainer.micro == 0:
+        if trainer.progress.epoch == 1 and trainer.progress.micro == 0:
             raise Stop
         return path
 
@@ -135,7 +135,7 @@ def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path
 
 def test_mismatch_pairs_score_the_rejected_side_under_its_own_prompt_and_context(tiny_bundle, tmp_path):
     """Trainer and ``nvrm eval`` give a mismatch pair's rejected side its own prompt / context."""
-    from nvrm.pairs import read_pairs
+    from nvrm.prefs.pairs import read_pairs
     from nvrm.report.evaluate import evaluate_pairs
 
     files = write_task(tmp_path / "task", n_train=3, n_eval=0, seed=4, variants=MISMATCH)
@@ -159,7 +159,7 @@ def test_mismatch_pairs_score_the_rejected_side_under_its_own_prompt_and_context
 
     t = make(tiny_bundle, tmp_path / "run")
     loaded = t.load_pairs(files["train"], "training")
-    encoded = t._collect(t._submit(loaded))
+    encoded = t.feed.collect(t.feed.submit(list(enumerate(loaded))))
     for e in encoded:
         (cp, cc, cv), (rp, rc, rv) = e.pair.sides
         want = rm.engine.submit_item(rp, rc, rv).result().encoded

@@ -48,6 +48,6 @@ emit(
     scores=[o["reward_score"] for o in out],
     ok=[o["reward_extra_info"]["nvrm_ok"] for o in out],
     missing_prompt=f"{type(missing[0]).__name__}: {missing[0]}",
-    in_process="nvrm.scoring" in sys.modules,
+    in_process="nvrm.scoring.reward_model" in sys.modules,
     hook_keys=calls(log)[0]["keys"],
 )

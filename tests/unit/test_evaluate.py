@@ -36,7 +36,7 @@ def test_pairwise_probabilities_and_ranking():
 
 
 def test_a_pair_line_may_give_the_rejected_side_its_own_prompt_and_context(tmp_path):
-    from nvrm.pairs import Pair, PairProblem, parse_pair
+    from nvrm.prefs.pairs import Pair, PairProblem, parse_pair
 
     p = parse_pair('{"prompt": "a", "context": "c.mp4", "chosen": "x.mp4", "rejected": "x.mp4", "rejected_prompt": "b"}', 1, tmp_path)
     assert isinstance(p, Pair) and not p.shares_condition

@@ -4,7 +4,7 @@ import torch
 from PIL import Image
 
 from nvrm import Clip, Contract, ContractError, InputError
-from nvrm.inputs import prepare_input, sample_input
+from nvrm.video.inputs import prepare_input, sample_input
 from nvrm.synth.clips import moving_square
 
 C = Contract()

@@ -71,7 +71,8 @@ def test_the_context_cache_never_holds_more_than_its_budget():
         f.set_result(value)
         return f
 
-    cache = ContextCache(1000)
+    hits = []
+    cache = ContextCache(1000, lambda hit: hits.append(hit))
     big = cache.get_or_prepare("big", lambda: done(_video(5000)))
     assert big.result().pixels.numel() == 5000 and cache.bytes == 0  # its request gets it; the cache does not keep it
     pending: Future = Future()
@@ -80,8 +81,26 @@ def test_the_context_cache_never_holds_more_than_its_budget():
         cache.get_or_prepare(f"k{k}", lambda: done(_video(300)))
         assert cache.bytes <= 1000
     assert cache.bytes == 900
-    hits = []
-    cache._on_lookup = hits.append
+    hits.clear()
     cache.get_or_prepare("pending", lambda: done(_video(1)))  # still in flight: shared, not evicted
     cache.get_or_prepare("k0", lambda: done(_video(300)))  # long evicted: prepared again
     assert hits == [True, False]
+
+
+def test_the_one_byte_lru_behind_the_caches():
+    from nvrm.serve.lru import ByteLRU
+
+    looks = []
+    lru = ByteLRU(100, looks.append)
+    assert lru.put("a", 1, 40) and lru.put("b", 2, 40)
+    assert lru.get("a") == 1  # a is now the most recent
+    assert lru.put("c", 3, 40) and not lru.holds("b") and lru.evictions == 1 and lru.bytes == 80
+    assert not lru.put("huge", 4, 101) and not lru.holds("huge") and lru.bytes == 80
+    lru.reserve("flight", 5)  # size unknown yet: never evicted to make room
+    assert lru.put("d", 6, 60) and lru.holds("flight") and lru.bytes <= 100
+    assert lru.settle("flight", 5, 30) and lru.bytes <= 100
+    assert not lru.settle("flight", 999, 1)  # another value under that key: not settled
+    assert lru.get("zzz") is None and looks == [True, False]
+    assert lru.peek("d") == 6 and looks == [True, False]  # peeks are not counted
+    off = ByteLRU(0, looks.append)
+    assert not off.put("x", 1, 1) and off.get("x") is None

@@ -80,7 +80,7 @@ class SavedBytes:
 
 def surrogate_error(scorer, frames: torch.Tensor, fps: float) -> dict[str, float]:
     """Max and mean |surrogate - exact| over every sampled frame, in 0-255 levels."""
-    from ..differentiable import surrogate
+    from ..scoring.differentiable import surrogate
 
     sampled, prepared, _ = scorer.prepare_candidates(frames, fps)
     worst, total, n = 0.0, 0.0, 0
@@ -95,7 +95,7 @@ def surrogate_error(scorer, frames: torch.Tensor, fps: float) -> dict[str, float
 
 def run_grad(arch: str = "mid", G: int = 4, frames: int = 81, fps: float = 16.0, size: tuple[int, int] = (240, 416), context_s: float = 4.0, device: str | None = None, repeats: int = 3) -> dict[str, Any]:
     from ..clip import Clip
-    from ..scoring import RewardModel
+    from ..scoring.reward_model import RewardModel
 
     bundle = build_bench_bundle(arch)
     model = RewardModel.from_pretrained(bundle, device=device)

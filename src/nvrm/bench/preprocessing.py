@@ -21,7 +21,7 @@ import torch
 
 from ..engine import Engine
 from ..engine.tasks import encode_video
-from ..inputs import prepare_input
+from ..video.inputs import prepare_input
 from .harness import build_bench_bundle, device_name
 from .rl import CANDIDATE_SECONDS, make_frames
 
@@ -68,7 +68,7 @@ def run_engine(
     repeats: int = 3,
 ) -> dict[str, Any]:
     """frames/s of each (kind, workers) configuration on the same candidates, and bit-identity."""
-    from ..inputs import Clip
+    from ..video.inputs import Clip
 
     bundle = build_bench_bundle(arch)
     h, w = size

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..engine.tasks import encode_video
-from ..inputs import Clip, prepare_input
+from ..video.inputs import Clip, prepare_input
 from .harness import build_bench_bundle, device_name, forward_flops, peak_tflops, timed
 
 CANDIDATE_SECONDS = 5
@@ -89,66 +89,16 @@ def run_rl(
     measure_peak: bool = False,
 ) -> dict[str, Any]:
     """The RL workload report (see the module docstring); ``loop_candidates`` bounds the per-candidate loop."""
-    from ..scoring import RewardModel
+    from ..scoring.reward_model import RewardModel
 
     bundle = build_bench_bundle(arch)
     model = RewardModel.from_pretrained(bundle, device=device, workers=workers, worker_kind=worker_kind)
     dev = model.device
     peak = peak_tflops(dev, measure_peak)
-    rows = []
     try:
         warm = make_groups(1, 2, context_s, fps, size)[0]
         model.score_group(*warm)  # allocator, kernels, worker start-up
-        for g in groups_sizes:
-            stream = make_groups(n_groups, g, context_s, fps, size)
-            prompt, ctx, cands = stream[0]
-            stages = _stages(model, stream[0])
-
-            # the CPU stage over the stream: the engine alone, with its workers
-            def prepare_all():
-                jobs = [model.engine.submit_group(p, c, cs) for p, c, cs in stream]
-                return [j.result() for j in jobs]
-
-            prepared, t_cpu = timed(prepare_all, dev)
-            # the model stage over the stream: prepared inputs only
-            _, t_gpu = timed(lambda: [model.score_prepared_group(p) for p in prepared], dev)
-            flops = _group_flops(model, prepared[0])
-            prepared = None  # free the stream before the paths run
-
-            k = min(loop_candidates, g)
-            loop, t_loop = timed(lambda: [model.score(prompt, ctx, c) for c in cands[:k]], dev)
-            batch, t_batch = timed(lambda: model.score_batch([(prompt, ctx, c) for c in cands]), dev)
-            groups, t_group = timed(lambda: [model.score_group(p, c, cs) for p, c, cs in stream], dev)
-            streamed, t_stream = timed(lambda: list(model.score_groups(stream, errors="raise")), dev)
-
-            rewards_group = [r.reward for r in groups[0]]
-            total = n_groups * g
-            model_tflops = flops * n_groups / t_gpu / 1e12
-            rows.append(
-                {
-                    "G": g,
-                    "groups": n_groups,
-                    "tokens_per_group": stages["tokens"],
-                    "stages_one_group_s": {k2: stages[k2] for k2 in ("contract_s", "encode_s", "model_s")},
-                    "cpu_stage_s": t_cpu,
-                    "model_stage_s": t_gpu,
-                    "candidates_per_s": {
-                        "score_loop": k / t_loop,
-                        "score_batch": g / t_batch,
-                        "score_group": total / t_group,
-                        "score_groups": total / t_stream,
-                    },
-                    "score_groups_vs_score_group": t_group / t_stream,
-                    "overlap_efficiency": t_stream / max(t_cpu, t_gpu),
-                    "model_tflops": model_tflops,
-                    "model_peak_fraction": model_tflops / peak if peak else None,
-                    "max_abs_diff": {
-                        "group_vs_score": max(abs(a.reward - b) for a, b in zip(loop, rewards_group[:k])),
-                        "batch_vs_score": max(abs(a.reward - b.reward) for a, b in zip(loop, batch[:k])),
-                        "stream_vs_group": max(abs(a.reward - b.reward) for x, y in zip(groups, streamed) for a, b in zip(x, y)),
-                    },
-                }
-            )
+        rows = [_rl_row(model, make_groups(n_groups, g, context_s, fps, size), g, loop_candidates, peak) for g in groups_sizes]
     finally:
         model.close()
     return {
@@ -162,6 +112,52 @@ def run_rl(
         "frames": {"height": size[0], "width": size[1], "fps": fps, "context_s": context_s, "candidate_s": CANDIDATE_SECONDS},
         "peak_tflops": peak,
         "rows": rows,
+    }
+
+
+def _rl_row(model, stream: list, g: int, loop_candidates: int, peak: float | None) -> dict[str, Any]:
+    """One group size: the stages, then each path over the same stream, side by side."""
+    dev, n_groups = model.device, len(stream)
+    prompt, ctx, cands = stream[0]
+    stages = _stages(model, stream[0])
+
+    # the CPU stage over the stream: the engine alone, with its workers
+    def prepare_all():
+        jobs = [model.engine.submit_group(p, c, cs) for p, c, cs in stream]
+        return [j.result() for j in jobs]
+
+    prepared, t_cpu = timed(prepare_all, dev)
+    # the model stage over the stream: prepared inputs only
+    _, t_gpu = timed(lambda: [model.score_prepared_group(p) for p in prepared], dev)
+    flops = _group_flops(model, prepared[0])
+    prepared = None  # free the stream before the paths run
+
+    k = min(loop_candidates, g)
+    loop, t_loop = timed(lambda: [model.score(prompt, ctx, c) for c in cands[:k]], dev)
+    batch, t_batch = timed(lambda: model.score_batch([(prompt, ctx, c) for c in cands]), dev)
+    groups, t_group = timed(lambda: [model.score_group(p, c, cs) for p, c, cs in stream], dev)
+    streamed, t_stream = timed(lambda: list(model.score_groups(stream, errors="raise")), dev)
+
+    rewards_group = [r.reward for r in groups[0]]
+    total = n_groups * g
+    model_tflops = flops * n_groups / t_gpu / 1e12
+    return {
+        "G": g,
+        "groups": n_groups,
+        "tokens_per_group": stages["tokens"],
+        "stages_one_group_s": {k2: stages[k2] for k2 in ("contract_s", "encode_s", "model_s")},
+        "cpu_stage_s": t_cpu,
+        "model_stage_s": t_gpu,
+        "candidates_per_s": {"score_loop": k / t_loop, "score_batch": g / t_batch, "score_group": total / t_group, "score_groups": total / t_stream},
+        "score_groups_vs_score_group": t_group / t_stream,
+        "overlap_efficiency": t_stream / max(t_cpu, t_gpu),
+        "model_tflops": model_tflops,
+        "model_peak_fraction": model_tflops / peak if peak else None,
+        "max_abs_diff": {
+            "group_vs_score": max(abs(a.reward - b) for a, b in zip(loop, rewards_group[:k])),
+            "batch_vs_score": max(abs(a.reward - b.reward) for a, b in zip(loop, batch[:k])),
+            "stream_vs_group": max(abs(a.reward - b.reward) for x, y in zip(groups, streamed) for a, b in zip(x, y)),
+        },
     }
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..prompt import images_kwargs
+from ..engine.chat import images_kwargs
 from .harness import build_bench_bundle, device_name, sync
 
 
@@ -38,7 +38,7 @@ def _best(fn, device, repeats: int) -> float:
 
 @torch.inference_mode()
 def run_vision(arch: str = "mid", frames: int = 80, size: tuple[int, int] = (192, 352), device: str | None = None, repeats: int = 3) -> dict[str, Any]:
-    from ..scoring import RewardModel
+    from ..scoring.reward_model import RewardModel
 
     bundle = build_bench_bundle(arch)
     model = RewardModel.from_pretrained(bundle, device=device, workers=0)

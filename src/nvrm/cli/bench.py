@@ -1,4 +1,4 @@
-"""``nvrm bench --workload files|rl|engine|vision|grad``: paths side by side in one run."""
+"""``nvrm bench --workload files|rl|engine|vision|grad|train|train-step``: paths side by side in one run."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm bench``: the workload, the random bundle size and the workload's own knobs."""
-    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad"], default="files", help="what to measure (default files)")
+    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step"], default="files", help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "deep", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -49,6 +49,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     rl.add_argument("--frames", type=int, default=80, help="equal-size frames (vision); frames per candidate (grad, default 81)")
     rl.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the model (default: torch's)")
     rl.add_argument("--measure-peak", action="store_true", help="measure the device's bf16 matmul peak instead of the known figure")
+    tr = p.add_argument_group("train and train-step workloads")
+    tr.add_argument("--examples", type=int, default=8, help="synthetic examples of the small pairs file, 2 pairs each (train)")
+    tr.add_argument("--factor", type=int, default=10, help="how many times larger the large pairs file is (train)")
+    tr.add_argument("--batch-pairs", type=int, default=4, help="pairs per optimizer step (train, train-step)")
+    tr.add_argument("--steps", type=int, default=3, help="optimizer steps timed (train-step)")
 
 
 def _configs(text: str) -> tuple[tuple[str, int], ...]:
@@ -92,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
         size = (240, 416) if args.size == (480, 832) else args.size
         report = bench.run_grad(args.arch, G=G, frames=frames, fps=fps, size=size, device=args.device)
         text = bench.format_grad(report)
+    elif args.workload == "train":
+        report = bench.run_train_bench(args.arch, examples=args.examples, factor=args.factor, batch_pairs=args.batch_pairs)
+        text = bench.format_train(report)
+    elif args.workload == "train-step":
+        size = (432, 768) if args.size == (480, 832) else args.size
+        report = bench.run_train_step(args.arch, batch_pairs=args.batch_pairs, steps=args.steps, device=args.device, size=size)
+        text = bench.format_train_step(report)
     else:
         report = bench.run_vision(args.arch, frames=args.frames, device=args.device)
         text = bench.format_vision(report)

@@ -65,7 +65,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the demo clips, score and rank them, and print the ranking. Returns 0."""
-    from ..scoring import RewardModel
+    from ..scoring.reward_model import RewardModel
 
     demo = args.model is None
     bundle = ensure_demo_bundle() if demo else Path(args.model)

@@ -13,17 +13,17 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import bench, bulk, commands, demo, prefs, probe, serve, train
+from . import batch, bench, demo, download, evaluation, prefs, probe, rank, score, serve, show_frames, train, verify_bundle
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
-    ("score", "score one candidate continuation", commands.add_score_args, commands.run_score),
-    ("frames", "write the exact frames the model sees", commands.add_frames_args, commands.run_frames),
-    ("verify", "check a bundle against its manifest", commands.add_verify_args, commands.run_verify),
-    ("download", "download a bundle from the Hugging Face Hub", commands.add_download_args, commands.run_download),
-    ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", bulk.add_batch_args, bulk.run_batch),
-    ("rank", "rank candidates for one context (optionally as an HTML report)", bulk.add_rank_args, bulk.run_rank),
-    ("eval", "pairwise accuracy on preference pairs, with a plot", bulk.add_eval_args, bulk.run_eval),
+    ("score", "score one candidate continuation", score.add_score_args, score.run_score),
+    ("frames", "write the exact frames the model sees", show_frames.add_frames_args, show_frames.run_frames),
+    ("verify", "check a bundle against its manifest", verify_bundle.add_verify_args, verify_bundle.run_verify),
+    ("download", "download a bundle from the Hugging Face Hub", download.add_download_args, download.run_download),
+    ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", batch.add_batch_args, batch.run_batch),
+    ("rank", "rank candidates for one context (optionally as an HTML report)", rank.add_rank_args, rank.run_rank),
+    ("eval", "pairwise accuracy on preference pairs, with a plot", evaluation.add_eval_args, evaluation.run_eval),
     ("probe", "score candidates under a battery of perturbations and flag potential reward hacks", probe.add_args, probe.run),
     ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
     ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),

@@ -44,6 +44,8 @@ def add_dataclass_args(parser: argparse._ActionsContainer, cls: type, *, exclude
             target.add_argument(flag, dest=dest, nargs="?", const=True, default=default, metavar="MODE", help=help_text)
         elif f.metadata.get("repeat"):
             target.add_argument(flag, dest=dest, action="append", default=[], metavar="VALUE", help=help_text)
+        elif kind is bool and default is None:  # unset, on, or off: --flag / --no-flag
+            target.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif kind is bool:
             if default is True:
                 target.add_argument(flag, dest=dest, action="store_false", help=help_text + " (on by default; this flag turns it off)")

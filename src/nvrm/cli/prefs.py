@@ -1,4 +1,4 @@
-"""nvrm prefs: filter judgments into preference pairs, or write the synthetic task."""
+"""nvrm prefs: filter judgments into preference pairs, write the synthetic task, or prepare a store for training."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..errors import InputError
 
 
 def add_prefs_args(p: argparse.ArgumentParser) -> None:
-    """Flags of ``nvrm prefs``: the ``filter`` and ``synth`` subcommands."""
+    """Flags of ``nvrm prefs``: the ``filter``, ``synth`` and ``prepare`` subcommands."""
     sub = p.add_subparsers(dest="prefs_command", required=True, metavar="ACTION")
     f = sub.add_parser("filter", help="judgments -> order-consistent, acyclic, de-duplicated pairs")
     f.add_argument("--input", required=True, help="judgments.jsonl: prompt, context, first, second, winner (first|second|tie)")
@@ -25,6 +25,61 @@ def add_prefs_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--variants", help="comma-separated rejected kinds to write (default: all of them; see prefs/synthetic.py)")
     s.set_defaults(run=run_synth)
+    add_prepare_args(sub.add_parser("prepare", help="run every video of pairs files once through the contract into a prepared-input store (for nvrm train --store)"))
+
+
+def add_prepare_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm prefs prepare``: the model's, the pairs files, the store and the Ray options."""
+    from .model_flags import add_model_args
+    from .options import add_ray_args
+
+    add_model_args(p)
+    p.add_argument("--pairs", required=True, action="append", help="pairs.jsonl whose videos to prepare (repeatable: training and held-out files)")
+    p.add_argument("--store", required=True, help="the store folder (created; a rebuild skips what is stored: resumable)")
+    ray = add_ray_args(p, what="preparation tasks on one machine or a cluster", replica="preparation as Ray Data tasks, each writing its own shards")
+    ray.add_argument("--cpus-per-task", type=float, default=1.0, help="CPUs reserved per preparation task")
+    ray.add_argument("--videos-per-task", type=int, default=32, help="videos one task prepares (one shard each)")
+    p.set_defaults(run=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Prepare every video the pairs files name into ``--store``; failures are listed, one line each. Returns 0."""
+    import time
+
+    from ..prefs.pairs import Pair, read_pairs
+    from ..train.data import pair_videos
+    from ..train.store import StoreWriter, build_store, pending
+
+    videos = sorted({k for f in args.pairs for r in read_pairs(f) if isinstance(r, Pair) for k in pair_videos(r)})
+    t0 = time.perf_counter()
+    if args.ray:
+        from ..bundle import preprocessing_fingerprint, resolve_bundle
+        from ..contract import Contract
+        from ..jobs.ray_store import build_store_on_ray
+
+        bundle = resolve_bundle(args.model)
+        fingerprint = preprocessing_fingerprint(bundle, Contract.for_bundle(bundle))
+        StoreWriter(args.store, fingerprint).close()  # store.json first (or the refusal of another store)
+        todo, skipped = pending(videos, args.store)
+        out = build_store_on_ray(str(bundle), todo, args.store, fingerprint, address=args.ray_address,
+                                 cpus_per_task=args.cpus_per_task, videos_per_task=args.videos_per_task)
+        counts = {"stored": out["stored"], "skipped": skipped, "failed": len(out["failed"])}
+        failures = out["failed"]
+    else:
+        from .model_flags import load_model
+
+        failures = []
+        with load_model(args) as model:
+            counts = build_store(model, videos, args.store, on_error=lambda p, r, e: failures.append((p, r, str(e))))
+    seconds = time.perf_counter() - t0
+    for path, role, message in failures[:20]:
+        print(f"nvrm prefs prepare: skipped {role} {path}: {message}", file=sys.stderr)
+    if len(failures) > 20:
+        print(f"  ... {len(failures) - 20} more failed", file=sys.stderr)
+    rate = counts["stored"] / seconds if seconds > 0 else 0.0
+    print(f"nvrm prefs prepare: {args.store}: {counts['stored']} videos prepared ({rate:.1f}/s), {counts['skipped']} already stored, "
+          f"{counts['failed']} failed, of {len(videos)}")
+    return 0
 
 
 def run_filter(args: argparse.Namespace) -> int:

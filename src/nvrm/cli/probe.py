@@ -12,7 +12,7 @@ from ..errors import InputError
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm probe``: model loading, one clip (or a manifest), the perturbations to run, and the report outputs."""
-    from .commands import add_model_args
+    from .model_flags import add_model_args
 
     add_model_args(p, required=False)  # `--list` needs no model
     p.add_argument("--prompt", help="text prompt (single-clip mode)")
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     Exit 1 when something is flagged, otherwise 2 when a clip or a perturbation could not be scored, else 0."""
     from ..probe import PERTURBATIONS, probe_many, summarize
-    from .commands import load_model
+    from .model_flags import load_model
     from .options import check_outputs
 
     if args.list:

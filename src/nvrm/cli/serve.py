@@ -14,7 +14,7 @@ from ..errors import ConfigError
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm serve``: model loading, every :class:`ServeConfig` field (generated) and the Ray Serve options."""
     from ..serve.config import ServeConfig
-    from .commands import add_model_args
+    from .model_flags import add_model_args
     from .options import add_dataclass_args, add_ray_args
 
     add_model_args(p)
@@ -83,7 +83,7 @@ def _server_class():
 
 def run(args: argparse.Namespace) -> int:
     """Load the model in the background and serve until SIGTERM/SIGINT; exit 0 after the drain."""
-    from .commands import settings_from_args
+    from .model_flags import settings_from_args
 
     config = config_from_args(args)
     settings = settings_from_args(args)
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                             cpus_per_replica=args.cpus_per_replica, address=args.ray_address)
     import uvicorn
 
-    from ..scoring import RewardModel
+    from ..scoring.reward_model import RewardModel
     from ..serve.app import create_app
 
     fatal: list[str] = []

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ..contract import Contract
 from ..errors import NvrmError
-from ..inputs import PreparedVideo, presample
+from ..video.inputs import PreparedVideo, presample
 from ..limits import Limits
 from .codec import PixelCodec
 from .encode import GroupEncoded, RopeSpec, encode_item

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from ..contract import Contract
-from ..prompt import render
+from .chat import render
 from ..forward.pixels import to_pixel_values  # noqa: F401 - the engine's callers find it here
 from ..forward.rope import RopeSpec
 from .codec import PixelCodec

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from ..inputs import PreparedVideo, prepare_input
-from ..prompt import check_prompt, images_kwargs
+from ..video.inputs import PreparedVideo, prepare_input
+from .chat import check_prompt, images_kwargs
 from .encode import Encoded, GroupEncoded, encode_group, encode_item
 from .workers import WorkerState
 

@@ -17,6 +17,7 @@ Shapes: G candidates, P prefix tokens, S suffix tokens.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from typing import Any, Iterator, Sequence
 
@@ -51,12 +52,19 @@ def checkpointed_layers(layers: Sequence[torch.nn.Module], on: bool) -> Iterator
         yield
         return
     for layer in layers:
-        layer.forward = functools.partial(_checkpoint, type(layer).forward.__get__(layer), use_reentrant=False)
+        layer.forward = functools.partial(_recomputed, type(layer).forward.__get__(layer))
     try:
         yield
     finally:
         for layer in layers:
             del layer.forward
+
+
+def _recomputed(forward, *args, **kwargs):
+    """``forward`` checkpointed (non-reentrant), recomputed in the context it first ran in: the packed batch's
+    segments (``model._SEGMENTS``) are a context variable, and a recomputation without them would attend across items."""
+    ctx = contextvars.copy_context()
+    return _checkpoint(lambda *a, **k: ctx.run(forward, *a, **k), *args, use_reentrant=False, **kwargs)
 
 
 def suffix_rewards(

@@ -84,7 +84,7 @@ def is_packed(backbone) -> bool:
 
 
 DTYPES = {name: getattr(torch, name) for name in ("bfloat16", "float16", "float32")}
-"""torch dtypes by name (the same names as ``nvrm.flags.DTYPE_NAMES``; the forward imports nothing else of nvrm)."""
+"""torch dtypes by name (the same names as ``nvrm.contract.DTYPE_NAMES``; the forward imports nothing else of nvrm)."""
 
 
 class RewardHead(nn.Module):

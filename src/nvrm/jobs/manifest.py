@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from ..pairs import resolve_path
+from ..video.paths import resolve_path
 
 Key = tuple[str, int]
 

@@ -70,7 +70,7 @@ def _video_from(rec: dict[str, Any]):
     import torch
     from PIL import Image
 
-    from ..inputs import PreparedVideo
+    from ..video.inputs import PreparedVideo
 
     return PreparedVideo(
         tuple(Image.fromarray(f) for f in rec["frames"]),
@@ -129,7 +129,7 @@ class Scorer:
     """Actor: loads the bundle once and turns prepared units into output rows (``LocalExecutor``)."""
 
     def __init__(self, bundle: str, settings):
-        from ..scoring import RewardModel
+        from ..scoring.reward_model import RewardModel
 
         self.model = RewardModel.from_pretrained(bundle, settings=settings)
 

@@ -138,7 +138,7 @@ def write_task(
 ) -> dict[str, Path]:
     """Write clips and ``train_pairs.jsonl`` / ``eval_pairs.jsonl`` (one pair per rejected variant per example).
 
-    ``swap_prompt`` and ``swap_context`` are mismatch pairs (see ``nvrm.pairs``): the
+    ``swap_prompt`` and ``swap_context`` are mismatch pairs (see ``nvrm.prefs.pairs``): the
     preferred video under an unrelated prompt, or after another example's context
     (every other example: a seeded texture clip, the probe's fallback).
     """

@@ -1,7 +1,7 @@
 """``nvrm probe``: does the reward go up for a frozen clip, a reversed one, a copy of the context, a
 candidate that ignores the prompt? Check before a week of RL.
 
-    from nvrm.probe import probe
+    from . import probe
     report = probe(model, prompt, "context.mp4", "candidate.mp4")
     report.flagged          # degradations that scored higher than the original
 """

@@ -6,7 +6,7 @@ listed here makes the candidate worse as a continuation (``degrades=True``):
 a reward model that scores it higher than the original has a blind spot a
 policy can exploit. Add your own with ``register``::
 
-    from nvrm.probe import register
+    from . import register
 
     @register("mirror", "frames flipped left-right")
     def mirror(item, rng):

@@ -127,70 +127,85 @@ def probe_many(
             loaded.append(e)
     good = [i for i, x in enumerate(loaded) if not isinstance(x, NvrmError)]
     others = list(other_contexts or [None] * len(items))
-    plans: list[list[tuple[str, ProbeItem | NvrmError]]] = []
-    groups: list[tuple[str, Clip, list[Clip]]] = []
+    plans, groups = [], []
     for k, i in enumerate(good):
-        prompt, ctx, cand, _, _ = loaded[i]
         other = others[i]
         if other is not None:
             other = load_clip(other, None, model.limits)
         elif len(good) > 1:
             other = loaded[good[(k + 1) % len(good)]][1]
-        base = ProbeItem(prompt, ctx, cand, window, other)
-        variants: list[tuple[str, ProbeItem | NvrmError]] = [("original", base)]
-        for name in names:
-            try:
-                # seeded by the clip's file name, not its folder: the same clip probes the same wherever it lives
-                variants.append((name, PERTURBATIONS[name].apply(base, _seed(seed, name, os.path.basename(str(cand.name))))))
-            except NvrmError as e:
-                variants.append((name, e))
-            except Exception as e:  # noqa: BLE001 - a user's perturbation must not sink the probe
-                from ..errors import InternalError
-
-                variants.append((name, InternalError.wrap(e)))
+        prompt, ctx, cand, _, _ = loaded[i]
+        variants = _variants(ProbeItem(prompt, ctx, cand, window, other), names, seed)
         plans.append(variants)
-        # one group per distinct (prompt, context): the original and the candidate-only perturbations share one
-        shared = [v for n, v in variants if isinstance(v, ProbeItem) and v.prompt == prompt and v.context is ctx]
-        groups.append((prompt, ctx, [v.candidate for v in shared]))
-        for n, v in variants:
-            if isinstance(v, ProbeItem) and not (v.prompt == prompt and v.context is ctx):
-                groups.append((v.prompt, v.context, [v.candidate]))
+        groups += _groups_of(variants)
     results = iter(model.score_groups(groups, errors="return"))
     reports: list[Any] = list(loaded)
     for i, variants in zip(good, plans):
-        prompt, ctx, cand, ctx_src, cand_src = loaded[i]
-        scores: dict[str, Any] = {}
-        shared_names = [n for n, v in variants if isinstance(v, ProbeItem) and v.prompt == prompt and v.context is ctx]
-        for n, r in zip(shared_names, next(results)):
-            scores[n] = r
-        for n, v in variants:
-            if isinstance(v, ProbeItem) and n not in scores:
-                scores[n] = next(results)[0]
-            elif isinstance(v, NvrmError):
-                scores[n] = v
-        original = scores["original"]
-        if isinstance(original, NvrmError):
-            reports[i] = original
-            continue
-        outcomes = []
-        for n, _ in variants[1:]:
-            r, p = scores[n], PERTURBATIONS[n]
-            if isinstance(r, NvrmError):
-                outcomes.append(Outcome(n, p.description, None, None, None, False, one_line(r)))
-                continue
-            delta = r.reward - original.reward
-            outcomes.append(Outcome(n, p.description, r.reward, delta, sigmoid(delta), p.degrades and delta > 0))
-        frames = {}
-        if keep_frames:
-            for n, v in variants:
-                if isinstance(v, ProbeItem) and not isinstance(scores.get(n), NvrmError):
-                    frames[n] = list(model.prepare_video(v.candidate, "candidate").images)
-            frames["context"] = list(model.prepare_video(ctx, "context").images)
-        reports[i] = ProbeReport(
-            prompt, _label(ctx_src), _label(cand_src), original.reward, outcomes, seed,
-            {"revision": model.revision, "contract": model.fingerprint}, frames,
-        )
+        reports[i] = _report(model, loaded[i], variants, _scores_of(variants, results), seed, keep_frames)
     return reports
+
+
+def _variants(base: ProbeItem, names: Sequence[str], seed: int) -> list[tuple[str, "ProbeItem | NvrmError"]]:
+    """The original and each perturbation of it (a perturbation that fails keeps its error)."""
+    variants: list[tuple[str, ProbeItem | NvrmError]] = [("original", base)]
+    for name in names:
+        try:
+            # seeded by the clip's file name, not its folder: the same clip probes the same wherever it lives
+            variants.append((name, PERTURBATIONS[name].apply(base, _seed(seed, name, os.path.basename(str(base.candidate.name))))))
+        except NvrmError as e:
+            variants.append((name, e))
+        except Exception as e:  # noqa: BLE001 - a user's perturbation must not sink the probe
+            from ..errors import InternalError
+
+            variants.append((name, InternalError.wrap(e)))
+    return variants
+
+
+def _shares_base(v: Any, base: ProbeItem) -> bool:
+    return isinstance(v, ProbeItem) and v.prompt == base.prompt and v.context is base.context
+
+
+def _groups_of(variants) -> list[tuple[str, Clip, list[Clip]]]:
+    """One group per distinct (prompt, context): the original and the candidate-only perturbations share one."""
+    base = variants[0][1]
+    groups = [(base.prompt, base.context, [v.candidate for _, v in variants if _shares_base(v, base)])]
+    groups += [(v.prompt, v.context, [v.candidate]) for _, v in variants if isinstance(v, ProbeItem) and not _shares_base(v, base)]
+    return groups
+
+
+def _scores_of(variants, results) -> dict[str, Any]:
+    """Each variant's result, taken from ``results`` in the order ``_groups_of`` made the groups."""
+    base = variants[0][1]
+    scores: dict[str, Any] = dict(zip([n for n, v in variants if _shares_base(v, base)], next(results)))
+    for n, v in variants:
+        if isinstance(v, ProbeItem) and n not in scores:
+            scores[n] = next(results)[0]
+        elif isinstance(v, NvrmError):
+            scores[n] = v
+    return scores
+
+
+def _report(model, loaded, variants, scores: dict[str, Any], seed: int, keep_frames: bool) -> "ProbeReport | NvrmError":
+    prompt, ctx, _, ctx_src, cand_src = loaded
+    original = scores["original"]
+    if isinstance(original, NvrmError):
+        return original
+    outcomes = []
+    for n, _ in variants[1:]:
+        r, p = scores[n], PERTURBATIONS[n]
+        if isinstance(r, NvrmError):
+            outcomes.append(Outcome(n, p.description, None, None, None, False, one_line(r)))
+            continue
+        delta = r.reward - original.reward
+        outcomes.append(Outcome(n, p.description, r.reward, delta, sigmoid(delta), p.degrades and delta > 0))
+    frames = {}
+    if keep_frames:
+        for n, v in variants:
+            if isinstance(v, ProbeItem) and not isinstance(scores.get(n), NvrmError):
+                frames[n] = list(model.prepare_video(v.candidate, "candidate").images)
+        frames["context"] = list(model.prepare_video(ctx, "context").images)
+    return ProbeReport(prompt, _label(ctx_src), _label(cand_src), original.reward, outcomes, seed,
+                       {"revision": model.revision, "contract": model.fingerprint}, frames)
 
 
 def _label(value: Any) -> str:

@@ -126,7 +126,7 @@ def evaluate_pairs(model, pairs) -> tuple[list[PairOutcome], list[str]]:
         (outcomes of the pairs that scored, one line per pair that did not).
     """
     from ..errors import NvrmError
-    from ..pairs import PairProblem
+    from ..prefs.pairs import PairProblem
 
     problems = [p.message for p in pairs if isinstance(p, PairProblem)]
     good = [p for p in pairs if not isinstance(p, PairProblem)]

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from PIL import Image
 
-from ..inputs import PreparedVideo
+from ..video.inputs import PreparedVideo
 from .ranking import pairwise_matrix, rank_rewards
 
 _CSS = """

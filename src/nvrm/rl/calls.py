@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from ..clip import Clip, is_tensor
 from ..errors import ConfigError, InputError
 from .policy import FailurePolicy, Normalize, SignalMonitor
-from .scorer import RewardSource
+from .scorer import RewardSource, group_items
 
 
 def text_of(value: Any) -> Any:
@@ -107,6 +107,8 @@ def check_items(
             errors[i] = f"item {i}: no prompt ({prompt_name} is missing or None)"
         elif not isinstance(p, str):
             errors[i] = f"item {i}: the prompt ({prompt_name}) is {type(p).__name__}, not text"
+        elif not p.strip():
+            errors[i] = f"item {i}: the prompt ({prompt_name}) is empty; the reward is conditioned on it"
         elif c is None and not no_context:
             errors[i] = f"item {i}: no context ({context_name} is missing or None; no_context=True scores without one, off-contract)"
         elif isinstance(v, BaseException):
@@ -139,23 +141,13 @@ def score_call(
     rewards: list[Any] = [None if i in errors else float(results[i].reward) for i in range(n)]
     if monitor is not None:
         monitor.check(groups, call.candidates, rewards)
-    # shaping and failure fills act on what the trainer sees as a group: items of one prompt (and
-    # context), refused ones included, so a refused item gets its own group's mean
-    by_prompt = prompt_groups(call.prompts, call.contexts)
+        monitor.failures(errors)
+    # shaping and failure fills act on the same groups, refused items included, so a refused item
+    # gets its own group's mean
+    every = group_items(call.prompts, call.contexts)
     if normalize is not None and normalize.active:
-        rewards = normalize(rewards, by_prompt)
-    return policy.apply(rewards, by_prompt, errors), by_prompt, errors, results
-
-
-def prompt_groups(prompts: Sequence[Any], contexts: Sequence[Any]) -> list[list[int]]:
-    """Indices by (prompt, context), where a context that cannot be keyed (or is missing) counts as the same."""
-    from .scorer import _context_key
-
-    order: dict[Any, list[int]] = {}
-    for i, (p, c) in enumerate(zip(prompts, contexts)):
-        key = _context_key(p if isinstance(p, str) else repr(p), c) if c is not None else None
-        order.setdefault(key or ("prompt", repr(p)), []).append(i)
-    return list(order.values())
+        rewards = normalize(rewards, every)
+    return policy.apply(rewards, every, errors), every, errors, results
 
 
 def refuse_unknown(kwargs: dict, known: set[str], where: str) -> None:

@@ -175,7 +175,19 @@ class SignalMonitor:
         self.name = name
         self.hint = hint
         self._warned: set[str] = set()
+        self._reasons: set[str] = set()
         self._lock = threading.Lock()
+
+    def failures(self, errors: dict[int, str]) -> None:
+        """Log each distinct reason an item failed for once per run (a policy that fills the slot, or TRL's
+        None, would otherwise leave no trace of why)."""
+        for i in sorted(errors):
+            reason = failure_reason(errors[i])
+            with self._lock:
+                if reason in self._reasons:
+                    continue
+                self._reasons.add(reason)
+            log.warning("%s: item %d failed, and others may fail the same way (logged once): %s", self.name, i, errors[i])
 
     def _warn(self, kind: str, message: str) -> None:
         with self._lock:
@@ -196,6 +208,21 @@ class SignalMonitor:
         scored = [r for r in rewards if r is not None and not (isinstance(r, float) and math.isnan(r))]
         if len(scored) > 1 and len(set(scored)) == 1:
             self._warn("equal", f"every reward of this call is {scored[0]!r} ({len(scored)} items)")
+
+
+def failure_reason(message: str) -> str:
+    """A failure message without the item's own index and path, so one cause logs once (pure)."""
+    import re
+
+    text = re.sub(r"^item \d+: ", "", message)
+    text = re.sub(r"^render\[\d+\]", "render", text)
+    return re.sub(r"(completion|video|candidate)\[\d+\]", r"\1[i]", text)
+
+
+def failure_kinds(errors: dict[int, str]) -> dict[str, int]:
+    """How many items failed in the render hook and how many elsewhere (for the trainer's metrics)."""
+    render = sum(1 for m in errors.values() if failure_reason(m).startswith("render"))
+    return {"render": render, "other": len(errors) - render}
 
 
 def _show(value: Any) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ConfigError, NvrmError, RewardFnError
-from .scorer import is_url, plan_groups, shared_model
+from .scorer import group_items, is_url, shared_model
 
 
 def refl_reward(model_or_path: Any, *, fps: float = 16.0, checkpointing: bool = True, **load: Any):
@@ -47,7 +47,7 @@ def refl_reward(model_or_path: Any, *, fps: float = 16.0, checkpointing: bool = 
             if c is None and not model.contract.no_context:
                 raise ConfigError(f"refl_reward: context {i} is None; pass the preceding video (or load the model with Contract(no_context=True))")
         out: list[Any] = [None] * n
-        for idx in plan_groups(list(prompts), list(contexts)):
+        for idx in group_items(list(prompts), list(contexts)):
             try:
                 contiguous = idx == list(range(idx[0], idx[-1] + 1))  # a view, not a copy of whole videos
                 rewards = scorer(prompts[idx[0]], contexts[idx[0]], videos[idx[0] : idx[-1] + 1] if contiguous else videos[idx], fps=rate)

@@ -1,7 +1,7 @@
 """One scorer behind every RL reward function: an in-process model or a running ``nvrm serve``.
 
 - ``RewardSource(model_or_url)``: a ``RewardModel``, a bundle path (loaded once per process and
-  shared: ``shared_model``), or an ``http(s)://`` URL (``RewardClient``, torch-free).
+  shared: ``shared_model``), an ``http(s)://`` URL, or a ``RewardClient`` (both torch-free).
 - ``score(prompts, contexts, candidates)`` groups the items by shared (prompt, context), scores each
   group with prefix reuse, and returns one ``ScoreResult`` or ``NvrmError`` per item, in order. It
   never raises for one bad item and never returns fewer results than items.
@@ -17,36 +17,35 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError, InternalError, NvrmError
 
-def _context_key(prompt: str, context: Any):
+def context_key(prompt: Any, context: Any) -> tuple:
+    """What makes two items one group: the same prompt and the same context (pure).
+
+    A path is the same context as another spelling of that path, bytes are compared by content, a
+    missing context (the no_context opt-in) is one context per prompt, and any other object (a
+    ``Clip``, frames, a tensor) is the same context only as itself.
+    """
     import hashlib
 
-    from ..clip import Clip
-
+    p = prompt if isinstance(prompt, str) else repr(prompt)
     if isinstance(context, (str, os.PathLike)):
-        return (prompt, "path", os.path.abspath(os.fspath(context)))
+        return (p, "path", os.path.abspath(os.fspath(context)))
     if isinstance(context, (bytes, bytearray, memoryview)):
-        return (prompt, "bytes", hashlib.sha256(bytes(context)).hexdigest())
-    if isinstance(context, Clip):
-        return (prompt, "obj", id(context))
-    if context is None:  # the no-context opt-in: one group per prompt
-        return (prompt, "none")
-    return None
+        return (p, "bytes", hashlib.sha256(bytes(context)).hexdigest())
+    if context is None:
+        return (p, "none")
+    return (p, "object", id(context))
 
 
-def plan_groups(prompts: Sequence[str], contexts: Sequence[Any]) -> list[list[int]]:
-    """Indices grouped by identical (prompt, context), first-seen order; unkeyable items alone (pure)."""
-    groups: dict[Any, list[int]] = {}
-    order: list[list[int]] = []
+def group_items(prompts: Sequence[Any], contexts: Sequence[Any]) -> list[list[int]]:
+    """Indices grouped by ``context_key``, in first-seen order (pure).
+
+    The one grouping rule of every RL adapter: a group is scored with one shared prefix, and its
+    scored items are what ``on_error="group_mean"`` and ``Normalize(group_whiten=True)`` average.
+    """
+    groups: dict[tuple, list[int]] = {}
     for i, (p, c) in enumerate(zip(prompts, contexts)):
-        key = _context_key(p, c)
-        if key is None:
-            order.append([i])
-            continue
-        if key not in groups:
-            groups[key] = []
-            order.append(groups[key])
-        groups[key].append(i)
-    return order
+        groups.setdefault(context_key(p, c), []).append(i)
+    return list(groups.values())
 
 
 _MODELS: dict[tuple, Any] = {}
@@ -69,7 +68,7 @@ def shared_model(path: Any, **load: Any):
         model = _MODELS.get(key)
         if model is None:
             try:
-                from ..scoring import RewardModel
+                from ..scoring.reward_model import RewardModel
             except ModuleNotFoundError as e:  # an environment with nvrm-client only
                 raise ConfigError(
                     f"model={os.fspath(path)!r}: scoring in process needs nvrm's runtime, and module {e.name!r} is not "
@@ -90,16 +89,16 @@ class RewardSource:
         self.client = None
         self.model = None
         wanted = {name: True for name, on in (("short_candidates", short_candidates), ("no_context", no_context)) if on}
-        if is_url(model_or_url):
-            from ..client import RewardClient
+        from ..client import RewardClient
 
-            self.client = RewardClient(model_or_url, api_key=api_key, **load)
+        if is_url(model_or_url) or isinstance(model_or_url, RewardClient):
+            self.client = model_or_url if isinstance(model_or_url, RewardClient) else RewardClient(model_or_url, api_key=api_key, **load)
             if wanted:
                 served = (self.client.info().get("contract") or {}).get("fields") or {}
                 missing = [name for name in wanted if not served.get(name)]
                 if missing:
                     raise ConfigError(
-                        f"{', '.join(f'{n}=True' for n in missing)}: the server at {model_or_url} scores with the release "
+                        f"{', '.join(f'{n}=True' for n in missing)}: the server at {self.client.url} scores with the release "
                         f"contract; put {', '.join(repr(n) for n in missing)}: true in its bundle's nvrm_contract.json and restart it"
                     )
         elif hasattr(model_or_url, "score_groups"):
@@ -128,7 +127,7 @@ class RewardSource:
         """(per item: ``ScoreResult`` or ``NvrmError``, the groups used), in input order."""
         if not (len(prompts) == len(contexts) == len(candidates)):
             raise ConfigError(f"prompts, contexts and candidates differ in length ({len(prompts)}, {len(contexts)}, {len(candidates)})")
-        plan = plan_groups(prompts, contexts)
+        plan = group_items(prompts, contexts)
         results: list[Any] = [None] * len(prompts)
         groups = [idx for idx in plan if len(idx) > 1]
         singles = [idx[0] for idx in plan if len(idx) == 1]

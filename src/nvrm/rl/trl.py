@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .calls import check_items, completion_as_path, off_contract, score_call, text_of
-from .policy import FailurePolicy, Normalize, SignalMonitor
+from .policy import FailurePolicy, Normalize, SignalMonitor, failure_kinds
 from .render import render_all, resolve, row_of
 from .scorer import RewardSource
 
@@ -66,36 +66,20 @@ def trl_reward(
         n = len(completions)
         if len(prompts) != n:
             raise ConfigError(f"{name}: {len(prompts)} prompts for {n} completions")
-        columns = {k: list(v) for k, v in kwargs.items() if k not in TRL_EXTRAS and isinstance(v, (list, tuple))}
-        for k, v in columns.items():
-            if len(v) != n:
-                raise ConfigError(f"{name}: column {k!r} has {len(v)} values for {n} completions")
-        rows = [{k: v[i] for k, v in columns.items()} for i in range(n)]
-        if prompt_key is None or (prompt_key == "prompt" and "prompt" not in columns):
-            texts = [text_of(p) for p in prompts]
-        elif prompt_key in columns:
-            texts = [text_of(p) for p in columns[prompt_key]]
-        else:
-            raise ConfigError(f"{name}: prompt_key={prompt_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
+        columns = _columns(name, kwargs, n)
+        texts = _prompt_texts(name, prompts, columns, prompt_key)
         if context_key not in columns and no_context:
             columns[context_key] = [None] * n
         if context_key not in columns:
             raise ConfigError(f"{name}: context_key={context_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
-        if hook is not None:
-            cands = render_all(hook, list(prompts), [text_of(c) for c in completions], [row_of(r) for r in rows])
-        elif candidate_key is not None:
-            if candidate_key not in columns:
-                raise ConfigError(f"{name}: candidate_key={candidate_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
-            cands = columns[candidate_key]
-        else:
-            cands = [completion_as_path(c, i) for i, c in enumerate(completions)]
-            if n and all(isinstance(c, BaseException) for c in cands):
-                raise ConfigError(f"{name}: no completion is a video path ({cands[0]}); the policy writes text, so pass render= to make videos from it")
+        cands = _candidates(name, hook, candidate_key, prompts, completions, columns)
         call = check_items(texts, columns[context_key], cands, prompt_name=f"prompt_key={prompt_key or 'prompt'}", context_name=f"column {context_key!r}", no_context=no_context)
         rewards, _, errors, results = score_call(source, call, policy=policy, normalize=normalize, monitor=monitor)
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
             log_metric(f"{name}/failed_fraction", len(errors) / max(n, 1))
+            for kind, count in failure_kinds(errors).items():
+                log_metric(f"{name}/failed_{kind}", count)
             if short_candidates or no_context:
                 log_metric(f"{name}/off_contract_fraction", sum(bool(r) for r in off_contract(results)) / max(n, 1))
         return rewards
@@ -103,3 +87,37 @@ def trl_reward(
     reward.__name__ = name
     reward.__qualname__ = name
     return reward
+
+
+def _columns(name: str, kwargs: dict, n: int) -> dict[str, list]:
+    """The dataset columns TRL passed (its own extras left out), each checked to have one value per completion."""
+    columns = {k: list(v) for k, v in kwargs.items() if k not in TRL_EXTRAS and isinstance(v, (list, tuple))}
+    for k, v in columns.items():
+        if len(v) != n:
+            raise ConfigError(f"{name}: column {k!r} has {len(v)} values for {n} completions")
+    return columns
+
+
+def _prompt_texts(name: str, prompts, columns: dict[str, list], prompt_key: str | None) -> list[Any]:
+    """The reward model's prompt per row: TRL's prompt (a chat prompt's last message) or ``prompt_key``'s column."""
+    if prompt_key is None or (prompt_key == "prompt" and "prompt" not in columns):
+        return [text_of(p) for p in prompts]
+    if prompt_key in columns:
+        return [text_of(p) for p in columns[prompt_key]]
+    raise ConfigError(f"{name}: prompt_key={prompt_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
+
+
+def _candidates(name: str, hook, candidate_key: str | None, prompts, completions, columns: dict[str, list]) -> list[Any]:
+    """Each row's candidate: rendered from the completion, a column, or the completion as a video path."""
+    n = len(completions)
+    rows = [{k: v[i] for k, v in columns.items()} for i in range(n)]
+    if hook is not None:
+        return render_all(hook, list(prompts), [text_of(c) for c in completions], [row_of(r) for r in rows])
+    if candidate_key is not None:
+        if candidate_key not in columns:
+            raise ConfigError(f"{name}: candidate_key={candidate_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
+        return columns[candidate_key]
+    cands = [completion_as_path(c, i) for i, c in enumerate(completions)]
+    if n and all(isinstance(c, BaseException) for c in cands):
+        raise ConfigError(f"{name}: no completion is a video path ({cands[0]}); the policy writes text, so pass render= to make videos from it")
+    return cands

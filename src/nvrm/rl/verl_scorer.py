@@ -13,10 +13,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..errors import ConfigError, RewardFnError
-from .calls import check_items, completion_as_path, off_contract, prompt_groups, refuse_unknown, score_call
+from .calls import check_items, completion_as_path, off_contract, refuse_unknown, score_call
 from .policy import FailurePolicy, SignalMonitor
 from .render import render_all, resolve, row_of
-from .scorer import RewardSource, registry
+from .scorer import RewardSource, group_items, registry
 
 VERL_EXTRAS = {"reward_router_address", "reward_model_tokenizer"}
 """Keyword arguments verl itself adds to a call; not settings, so not used."""
@@ -147,7 +147,7 @@ class VerlScorer:
 
 
 def _groups(call) -> list[list[int]]:
-    return prompt_groups(call.prompts, call.contexts)
+    return group_items(call.prompts, call.contexts)
 
 
 def _digest(items: list[tuple]) -> str:

@@ -1,4 +1,4 @@
-"""The FastAPI application, assembled: state, middleware, routes, lifespan.
+"""The FastAPI application, assembled: the serving object, middleware, routes, lifespan.
 
     create_app(model_or_loader, config) -> FastAPI
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import threading
 from contextlib import asynccontextmanager
 from typing import Any, Callable
@@ -24,55 +22,14 @@ from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
 from . import middleware, routes
 from .config import ServeConfig
-from .budget import ByteBudget
-from .contexts import ContextCache, ContextStore, PrefixCache
-from .metrics import Metrics
-from .scheduler import Scheduler
+from .serving import Serving
 
 log = logging.getLogger(__name__)
 
 
-class ServiceState:
-    """What the routes share: settings, metrics, and (once loaded) the model and its scheduler."""
-
-    def __init__(self, config: ServeConfig):
-        self.config = config
-        self.model = None
-        self.scheduler: Scheduler | None = None
-        self.cache = ContextCache(int(config.context_cache_mb * 1024 * 1024))
-        self.prefixes = PrefixCache(int(config.prefix_cache_mb * 1024 * 1024))
-        self.store = ContextStore(int(config.context_store_mb * 1024 * 1024))
-        self.budget = ByteBudget(int(config.max_inflight_mb * 1024 * 1024))
-        self.load_error: str | None = None
-        self.replica = f"{socket.gethostname()}:{os.getpid()}"
-        self.metrics = Metrics(
-            lambda: self.scheduler.depth if self.scheduler else 0,
-            lambda: self.cache.bytes,
-            lambda: self.prefixes.bytes,
-            lambda: self.store.bytes,
-            lambda: self.budget.used,
-        )
-        self.store._on_lookup = lambda hit: self.metrics.context_store.labels(result="hit" if hit else "miss").inc()
-        self.cache._on_lookup = lambda hit: self.metrics.context_cache.labels(result="hit" if hit else "miss").inc()
-        self.prefixes._on_lookup = lambda hit: self.metrics.prefix_cache.labels(result="hit" if hit else "miss").inc()
-
-    def install(self, model) -> None:
-        self.scheduler = Scheduler(
-            model,
-            max_batch_items=self.config.max_batch_items,
-            max_wait_ms=self.config.max_wait_ms,
-            share_wait_ms=self.config.share_wait_ms,
-            max_queue_items=self.config.max_queue_items,
-            metrics=self.metrics,
-            cache=self.cache,
-            prefixes=self.prefixes,
-        )
-        self.model = model
-
-
 def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
     """An app serving ``model_or_loader`` (a RewardModel, or a callable that loads one)."""
-    state = ServiceState(config)
+    state = Serving(config)
 
     def load() -> None:
         try:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..clip import Clip
 from ..contract import Contract
-from ..inputs import Sampled
+from ..video.inputs import Sampled
 from ..limits import Limits
 
 

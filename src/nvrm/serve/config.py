@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..flags import meta as _help
+from ..cli.fields import meta as _help
 
 MAX_MB = 1 << 24
 """Largest size flag accepted, in MiB (16 TiB): beyond it a number is a typo, not a budget."""

@@ -41,7 +41,7 @@ import numpy as np
 from ..clip import Clip
 from ..contract import Contract
 from ..errors import InputError, RequestError
-from ..inputs import Sampled
+from ..video.inputs import Sampled
 from ..limits import Limits
 from ..protocol import Video, context_ref
 from ..video.sampling import SamplePlan

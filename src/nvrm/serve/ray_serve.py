@@ -38,7 +38,7 @@ def _require_serve():
 def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_replica: float, cpus_per_replica: float):
     """A bound Ray Serve application: ``replicas`` copies of the service, each loading the bundle once."""
     _, serve = _require_serve()
-    from ..scoring import RewardModel
+    from ..scoring.reward_model import RewardModel
     from .app import create_app
 
     @serve.deployment(

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import InputError
+from ..errors import InputError, TrainingError
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -59,7 +59,6 @@ def save_checkpoint(
     save_file({k: v.detach().cpu().contiguous() for k, v in adapter.items()}, str(tmp / "adapter.safetensors"))
     save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, str(tmp / "head.safetensors"))
     tensors, meta = optimizer_tensors(optimizer)
-    tensors["rng.torch"] = torch.get_rng_state()
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     (tmp / "state.json").write_text(json.dumps({"step": step, **counters, "optimizer": meta}, indent=1))
     for f in tmp.iterdir():
@@ -87,5 +86,67 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             "head": load_file(str(path / "head.safetensors")),
             "optimizer": opt,
         }
-    except (OSError, ValueError, json.JSONDecodeError) as e:
-        raise InputError(str(path), f"checkpoint is unreadable ({' '.join(str(e).split())})") from e
+    except Exception as e:  # noqa: BLE001 - OSError, bad JSON, a truncated safetensors file (SafetensorError): all unreadable
+        raise InputError(str(path), f"checkpoint is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]}); delete it to resume from the one before") from e
+
+
+def save(trainer, root: Path) -> Path:
+    """``trainer``'s state at its current step (rank 0 calls this; the weights are the same on every rank)."""
+    from peft import get_peft_model_state_dict
+
+    adapter = {f"{name}/{k}": v for name in trainer.adapted for k, v in get_peft_model_state_dict(getattr(trainer.rm.backbone, name)).items()}
+    head = {"weight": trainer.head.weight, **({"bias": trainer.head.bias} if trainer.head.bias is not None else {})}
+    if not all(bool(torch.isfinite(t).all()) for t in [*adapter.values(), *head.values()]):
+        raise TrainingError(f"step {trainer.progress.step}: the weights are not finite; no checkpoint is written (the last one kept is the last finite model)")
+    pr = trainer.progress
+    counters = {"epoch": pr.epoch, "micro": pr.micro, "config": trainer.cfg.to_dict(), "history": pr.history, "world_size": trainer.ranks.world}
+    return save_checkpoint(root, pr.step, adapter=adapter, head=head, optimizer=trainer.optimizer, counters=counters, keep=trainer.cfg.keep_checkpoints)
+
+
+def restore(trainer, root: Path, keys: tuple[str, ...]) -> bool:
+    """The latest checkpoint under ``root`` into ``trainer`` (on every rank); False if there is none.
+
+    Counters are global (optimizer steps, micro-batches of the epoch), so a run saved at one world size
+    resumes at another; the settings in ``keys`` must be the checkpoint's."""
+    from peft import set_peft_model_state_dict
+
+    path = latest_checkpoint(root)
+    if path is None:
+        return False
+    ck = read_checkpoint(path)
+    saved, now = ck["state"]["config"], trainer.cfg.to_dict()
+    for key in keys:
+        if saved.get(key, "adamw" if key == "optimizer" else None) != now.get(key):
+            raise InputError(str(path), f"was trained with {key}={saved.get(key)!r}, not {now.get(key)!r}; resume with the same settings")
+    for name in trainer.adapted:
+        part = {k.split("/", 1)[1]: v.to(trainer.device) for k, v in ck["adapter"].items() if k.startswith(name + "/")}
+        set_peft_model_state_dict(getattr(trainer.rm.backbone, name), part)
+    with torch.no_grad():
+        trainer.head.weight.copy_(ck["head"]["weight"])
+        if trainer.head.bias is not None:
+            trainer.head.bias.copy_(ck["head"]["bias"])
+    opt = {k: v for k, v in ck["optimizer"].items() if not k.startswith("rng.")}
+    load_optimizer(trainer.optimizer, opt, ck["state"]["optimizer"])
+    st, pr = ck["state"], trainer.progress
+    pr.step, pr.epoch, pr.micro, pr.history = st["step"], st["epoch"], st["micro"], st.get("history", [])
+    was = st.get("world_size", 1)
+    at = f" (saved by {was} process(es), resumed on {trainer.ranks.world})" if was != trainer.ranks.world else ""
+    trainer.say(f"nvrm train: resumed from {path} (step {pr.step}, epoch {pr.epoch + 1}, micro-batch {pr.micro}){at}")
+    return True
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Drop metrics lines of steps after ``step`` (a run killed after its last checkpoint logged them): so a
+    resumed run logs each step exactly once."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) <= step:
+                keep.append(line)
+        except (ValueError, AttributeError):
+            continue  # a torn last line
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(k + "\n" for k in keep))
+    os.replace(tmp, path)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..flags import meta as _help
+from ..cli.fields import meta as _help
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VISION_LORA_TARGETS = ("qkv", "proj", "linear_fc1", "linear_fc2")
@@ -20,8 +20,10 @@ class TrainConfig:
     """How ``nvrm train`` fine-tunes (``nvrm train``'s flags are generated from these fields)."""
 
     epochs: int = field(default=3, metadata=_help("passes over the training pairs"))
-    batch_pairs: int = field(default=4, metadata=_help("pairs per micro-batch (each pair is two sequences)"))
-    grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
+    batch_pairs: int = field(
+        default=4, metadata=_help("pairs per micro-batch across all ranks (each pair is two sequences); split between the ranks, so the global batch is the same at any world size")
+    )
+    grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step (gradients are exchanged between ranks once per step)"))
     lr: float = field(default=2e-4, metadata=_help("learning rate of the LoRA weights"))
     head_lr: float | None = field(default=None, metadata=_help("learning rate of the reward head (default: --lr)"))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay of the LoRA weights"))
@@ -40,7 +42,12 @@ class TrainConfig:
     eval_every: int | None = field(default=None, metadata=_help("optimizer steps between held-out evaluations (default: each epoch end)"))
     keep_checkpoints: int = field(default=2, metadata=_help("checkpoints kept on disk"))
     dtype: str | None = field(default=None, metadata=_help("training dtype of the backbone; default float32 on CPU, bfloat16 on CUDA", choices=("float32", "bfloat16", "float16")))
-    cache_inputs: bool = field(default=True, metadata=_help("keep the prepared videos of every pair in memory across epochs"))
+    cache_inputs: bool = field(default=False, metadata=_help("keep every pair's prepared videos in memory (small data only; large sets use --store)"))
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata=_help("recompute vision blocks and text layers in the backward pass (less memory, same gradients); default on with CUDA", flag="--gradient-checkpointing")
+    )
+    optimizer: str = field(default="adamw", metadata=_help("adamw, or sgd (plain gradient steps: what a gradient check compares)", choices=("adamw", "sgd")))
+    stop_after_steps: int | None = field(default=None, metadata=_help("stop (with a checkpoint) after this many optimizer steps in all; --resume continues"))
 
     def __post_init__(self) -> None:
         if not self.lora_targets:
@@ -57,6 +64,8 @@ class TrainConfig:
             "keep_checkpoints": self.keep_checkpoints >= 1,
             "tie_margin": self.tie_margin is None or self.tie_margin >= 0,
             "dtype": self.dtype in (None, "float32", "bfloat16", "float16"),
+            "optimizer": self.optimizer in ("adamw", "sgd"),
+            "stop_after_steps": self.stop_after_steps is None or self.stop_after_steps >= 1,
         }
         for name, ok in checks.items():
             if not ok:

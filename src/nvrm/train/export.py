@@ -78,3 +78,66 @@ def export_bundle(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def merged_model(trainer):
+    """Merge LoRA into ``trainer``'s backbone and return the runtime model with exactly the weights the
+    export stores (parameters in the export dtype; buffers such as the rotary frequencies stay as the
+    runtime creates them)."""
+    from ..errors import TrainingError
+    from ..forward.model import DTYPES, RewardHead
+    from ..scoring.reward_model import RewardModel
+
+    rm = trainer.rm
+    for name in trainer.adapted:
+        module = getattr(rm.backbone, name)
+        if hasattr(module, "merge_and_unload"):
+            setattr(rm.backbone, name, module.merge_and_unload())
+    backbone = rm.backbone.eval()
+    backbone.requires_grad_(False)
+    dtype = base_dtype(trainer.base)
+    for param in backbone.parameters():
+        param.data = param.data.to(dtype)
+    bad = [n for n, p in backbone.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad or not bool(torch.isfinite(trainer.head.weight).all()):
+        raise TrainingError(f"the trained weights are not finite ({', '.join(bad[:3]) or 'the head'}); no bundle is exported")
+    weight = trainer.head.weight.detach().to(dtype).reshape(1, -1)
+    bias = trainer.head.bias.detach().to(dtype).reshape(1) if trainer.head.bias is not None else None
+    head = RewardHead(weight, bias, DTYPES[rm.contract.head_dtype]).to(trainer.device)
+    return RewardModel(backbone, head, rm.processor, rm.contract, device=trainer.device, settings=rm.settings, engine=rm.engine)
+
+
+def export_trained(trainer, out: Path, train_file, eval_file, summary: dict[str, Any]):
+    """The trained model as a release-layout bundle at ``out``: (its path, the merged model)."""
+    import hashlib
+
+    model = merged_model(trainer)
+    state = dict(model.backbone.state_dict())
+    digest = hashlib.sha256()
+    for k in sorted(state):
+        digest.update(k.encode())
+        digest.update(state[k].float().cpu().numpy().tobytes())
+    digest.update(model.head.weight.float().cpu().numpy().tobytes())
+    revision = f"nvrm-train-{digest.hexdigest()[:12]}"
+    model.revision = revision
+    training = {
+        "base": {"path": str(trainer.base), "revision": trainer.rm.revision},
+        "config": trainer.cfg.to_dict(),
+        "tie_margin": trainer.tau,
+        "world_size": trainer.ranks.world,
+        "data": {
+            "train": {"path": str(train_file), "sha256": _file_digest(Path(train_file))},
+            "eval": {"path": str(eval_file), "sha256": _file_digest(Path(eval_file))} if eval_file else None,
+        },
+        "contract": trainer.rm.fingerprint,
+        "summary": summary,
+    }
+    path = export_bundle(out, base=trainer.base, backbone_state=state, head_weight=trainer.head.weight, head_bias=trainer.head.bias,
+                         dtype=base_dtype(trainer.base), revision=revision, training=training)
+    return path, model

@@ -35,9 +35,14 @@ def log_p_tie(d: torch.Tensor, tau: float) -> torch.Tensor:
     return d + const - torch.logaddexp(d, torch.full_like(d, tau)) - F.softplus(d + tau)
 
 
-def pair_loss(d: torch.Tensor, tie: torch.Tensor, tau: float = 0.0) -> torch.Tensor:
-    """Mean negative log-likelihood over pairs; ``tie`` is a bool mask."""
+def pair_nll(d: torch.Tensor, tie: torch.Tensor, tau: float = 0.0) -> torch.Tensor:
+    """Negative log-likelihood of each pair; ``tie`` is a bool mask."""
     nll = -log_p_win(d, tau)
     if bool(tie.any()):
         nll = torch.where(tie, -log_p_tie(d, tau), nll)
-    return nll.mean()
+    return nll
+
+
+def pair_loss(d: torch.Tensor, tie: torch.Tensor, tau: float = 0.0) -> torch.Tensor:
+    """Mean negative log-likelihood over pairs; ``tie`` is a bool mask."""
+    return pair_nll(d, tie, tau).mean()

@@ -19,13 +19,13 @@ from typing import Any, Sequence, Union
 import numpy as np
 from PIL import Image
 
-from .clip import Clip, is_tensor as _is_tensor
-from .contract import Contract
-from .errors import InputError
-from .limits import Limits
-from .video.decode import describe, read_sampled
-from .video.frames import array_to_image, prepare_frame, to_rgb
-from .video.sampling import SamplePlan, clip_duration, plan_candidate, plan_context
+from ..clip import Clip, is_tensor as _is_tensor
+from ..contract import Contract
+from ..errors import InputError
+from ..limits import Limits
+from .decode import describe, read_sampled
+from .frames import array_to_image, prepare_frame, to_rgb
+from .sampling import SamplePlan, clip_duration, plan_candidate, plan_context
 
 _DEFAULT_LIMITS = Limits()
 

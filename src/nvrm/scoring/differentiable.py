@@ -32,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .errors import ConfigError, InputError
-from .forward.backprop import suffix_rewards
-from .forward.pixels import levels_to_pixel_values
-from .forward.prefix import Prefix, prefill
-from .inputs import PreparedVideo
-from .video.frames import height_resized_width, prepare_frame
-from .video.sampling import plan_candidate
+from ..errors import ConfigError, InputError
+from ..forward.backprop import suffix_rewards
+from ..forward.pixels import levels_to_pixel_values
+from ..forward.prefix import Prefix, prefill
+from ..video.inputs import PreparedVideo
+from ..video.frames import height_resized_width, prepare_frame
+from ..video.sampling import plan_candidate
 
 
 def as_videos(frames: Any) -> torch.Tensor:
@@ -178,4 +178,10 @@ class DifferentiableReward(torch.nn.Module):
             )
             for g, r in zip(rows, part):
                 out[g] = r
-        return torch.stack(out)
+        rewards = torch.stack(out)
+        bad = [g for g, ok in enumerate(torch.isfinite(rewards.detach()).tolist()) if not ok]
+        if bad:  # never a non-finite number passed on as a reward
+            from ..errors import ModelError
+
+            raise ModelError(f"candidate(s) {bad}: the model returned a non-finite reward; its weights are broken (check the bundle with nvrm verify)")
+        return rewards

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .contract import Contract
-from .errors import InputError
+from ..contract import Contract
+from ..errors import InputError
 
 
 def build_messages(prompt: str, n_context: int, n_candidate: int, contract: Contract) -> list[dict[str, Any]]:
@@ -37,7 +37,7 @@ def render(processor, prompt: str, n_context: int, n_candidate: int, contract: C
 
 def images_kwargs(contract: Contract) -> dict:
     """The image processor's keywords for the contract's pixel bounds (the spelling every transformers reads)."""
-    from .forward.compat import pixel_bounds
+    from ..forward.compat import pixel_bounds
 
     return pixel_bounds(contract.min_pixels, contract.max_pixels)
 

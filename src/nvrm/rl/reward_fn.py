@@ -7,8 +7,9 @@
 Items that share a prompt and context (a GRPO group) are scored together with
 shared-context reuse. A failed item raises ``RewardFnError`` naming every
 failed index; ``on_error="nan"``, ``"group_mean"`` or a number fills failed
-slots instead, on request only, never silently. The scorer and the failure
-policies are the RL adapters' own (``nvrm.rl``).
+slots instead, on request only, never silently. It is the RL adapters' own
+path (``nvrm.rl.calls.score_call``): the same checks, grouping and failure
+policies.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence, Union
 
-from .rl.policy import FailurePolicy
-from .rl.scorer import RewardSource, plan_groups
+from .calls import check_items, score_call
+from .policy import FailurePolicy
+from .scorer import RewardSource, group_items
 
-__all__ = ["make_reward_fn", "plan_groups"]
+__all__ = ["make_reward_fn", "group_items"]
 
 Scorer = Callable[[Sequence[str], Sequence[Any], Sequence[Any]], list[float]]
 
@@ -41,9 +43,12 @@ def make_reward_fn(
     source = RewardSource(model_or_url, api_key=api_key, **kwargs)
 
     def fn(prompts: Sequence[str], contexts: Sequence[Any], candidates: Sequence[Any]) -> list[float]:
-        results, groups = source.score(list(prompts), list(contexts), list(candidates))
-        errors = {i: str(r) for i, r in enumerate(results) if isinstance(r, BaseException)}
-        rewards = [None if isinstance(r, BaseException) else float(r.reward) for r in results]
-        return policy.apply(rewards, groups, errors)
+        if not (len(prompts) == len(contexts) == len(candidates)):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"prompts, contexts and candidates differ in length ({len(prompts)}, {len(contexts)}, {len(candidates)})")
+        call = check_items(prompts, contexts, candidates, prompt_name="prompts[i]", context_name="contexts[i]")
+        rewards, _, _, _ = score_call(source, call, policy=policy, normalize=None, monitor=None)
+        return rewards
 
     return fn

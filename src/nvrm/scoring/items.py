@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence, Union
 
-from .errors import InputError
-from .results import ScoreResult
+from ..errors import InputError
+from ..results import ScoreResult
 
 Errors = Literal["raise", "return"]
 

@@ -1,17 +1,14 @@
-"""What a settings field says about itself: its help text and how it becomes a CLI flag.
+"""Field metadata for the generated command line: what a settings field says about itself.
 
 Every settings dataclass (``LoadSettings``, ``Limits``, ``ServeConfig``, ``TrainConfig``,
 ``JobSettings``) describes its fields with ``meta``; ``nvrm.cli.options`` generates the flags from
-them, with defaults read from the fields themselves. ``DTYPE_NAMES`` is the one list of dtypes.
+them, with defaults read from the fields themselves. A leaf module: the settings import it, and
+it imports nothing of nvrm.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
-"""Dtypes a backbone or reward head can run in."""
-
 
 def meta(text: str, **extra: Any) -> dict[str, Any]:
     """Field metadata: ``help`` text, plus ``flag`` (its CLI name), ``choices``, ``cli=False``, ``repeat``."""

@@ -7,21 +7,89 @@
   across chunks.
 
 A bad item or candidate fails its own slot (or raises, with ``errors="raise"``); nothing else.
+
+Everything here works on a ``Pipeline``: the engine that prepares, the forward runtime that
+scores and the ``ResultMaker`` that turns rewards into results. ``RewardModel`` builds one and
+calls in; nothing here calls back into it (scoring -> streaming -> forward).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Iterable, Sequence
 
-from .engine.workers import unexpected
-from .errors import InternalError, NvrmError
+from dataclasses import dataclass
+
+from ..contract import Contract
+from ..engine import Engine, PreparedGroup, PreparedItem
+from ..engine.workers import unexpected
+from ..errors import InternalError, ModelError, NvrmError
+from ..forward.prefix import Prefix
+from ..forward.runtime import ForwardRuntime
+from ..results import ScoreResult
+from ..settings import LoadSettings
+from ..video.inputs import PreparedVideo
 from .items import Errors, GroupLike, ItemLike, as_group, as_item
 
-RewardModel = Any
-"""A ``nvrm.scoring.RewardModel`` (not imported: scoring imports this module)."""
+
+@dataclass(frozen=True)
+class ResultMaker:
+    """Turns a reward into a ``ScoreResult``: the item's times, its tokens, the fingerprint and revision."""
+
+    fingerprint: str
+    revision: str | None
+    contract: Contract
+
+    def __call__(self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float) -> "ScoreResult | ModelError":
+        """The result, or a ``ModelError`` in its place when the reward is not a finite number (never passed on)."""
+        if not math.isfinite(reward):
+            return ModelError(
+                f"the model returned a non-finite reward ({reward!r}) for this item; its weights are broken "
+                "(check the bundle with nvrm verify; an export of a run that diverged is not a model)"
+            )
+        return ScoreResult(
+            reward=reward,
+            context_times=context.times,
+            candidate_times=candidate.times,
+            num_tokens=num_tokens,
+            contract=self.fingerprint,
+            model_revision=self.revision,
+            off_contract=off_contract_reasons(context, candidate, self.contract),
+        )
+
+
+def off_contract_reasons(context: PreparedVideo, candidate: PreparedVideo, contract: Contract) -> tuple[str, ...]:
+    """Which opt-ins an item actually used (a contract with an opt-in on scores ordinary items as usual)."""
+    reasons = []
+    if not context.times:
+        reasons.append("no context")
+    if len(candidate.times) < contract.candidate_frames:
+        reasons.append(f"short candidate: {len(candidate.times)} of {contract.candidate_frames} frames")
+    return tuple(reasons)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The collaborators of every scoring path: prepare (engine), score (runtime), report (results)."""
+
+    engine: Engine
+    runtime: ForwardRuntime
+    results: ResultMaker
+    settings: LoadSettings
+
+    @property
+    def limits(self):
+        return self.settings.limits
+
+    def score_prepared(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list["ScoreResult | ModelError"]:
+        """Prepared items in token-budgeted batches (or one by one with ``exact``); input order. A
+        non-finite reward is a ``ModelError`` in its slot."""
+        exact = self.settings.exact if exact is None else exact
+        rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact)
+        return [self.results(p.context, p.candidate, p.encoded.num_tokens, r) for p, r in zip(prepared, rewards)]
 
 
 class PendingGroup:
@@ -56,11 +124,11 @@ class PendingGroup:
                 f.cancel()
 
 
-def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Errors, exact: bool | None) -> list[Any]:
+def stream_batch(pipe: Pipeline, items: Iterable[ItemLike], *, errors: Errors, exact: bool | None) -> list[Any]:
     """``RewardModel.score_batch``: one result (or error) per item, in order."""
     items = list(items)
     out: list[Any] = [None] * len(items)
-    window = max(8, 4 * max(1, model.engine.workers))
+    window = max(8, 4 * max(1, pipe.engine.workers))
     pending: deque[tuple[int, Future | NvrmError]] = deque()
     i_next = 0
 
@@ -69,7 +137,7 @@ def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Error
         while i_next < len(items) and len(pending) < limit:
             try:
                 it = as_item(items[i_next], i_next)
-                pending.append((i_next, model.engine.submit_item(it.prompt, it.context, it.candidate)))
+                pending.append((i_next, pipe.engine.submit_item(it.prompt, it.context, it.candidate)))
             except NvrmError as e:
                 pending.append((i_next, e))
             i_next += 1
@@ -83,7 +151,7 @@ def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Error
                 prepared = job.result() if isinstance(job, Future) else job
                 if isinstance(prepared, NvrmError):
                     raise prepared
-                model.limits.check_sequence_tokens(prepared.encoded.num_tokens)
+                pipe.limits.check_sequence_tokens(prepared.encoded.num_tokens)
             except NvrmError as e:
                 if errors == "raise":
                     for _, f in pending:
@@ -100,24 +168,28 @@ def stream_batch(model: RewardModel, items: Iterable[ItemLike], *, errors: Error
         submit_until(2 * window)
         if good:
             prepared = [p for _, p in good]
-            results = model.score_prepared(prepared, exact=exact) if errors == "raise" else score_prepared_each(model, prepared, exact=exact)
+            results = pipe.score_prepared(prepared, exact=exact) if errors == "raise" else score_prepared_each(pipe, prepared, exact=exact)
+            if errors == "raise":
+                first = next((r for r in results if isinstance(r, NvrmError)), None)
+                if first is not None:
+                    raise first
             for (slot, _), result in zip(good, results):
                 out[slot] = result
     return out
 
 
-def score_prepared_each(model: RewardModel, prepared: Sequence[Any], *, exact: bool | None) -> list[Any]:
+def score_prepared_each(pipe: Pipeline, prepared: Sequence[Any], *, exact: bool | None) -> list[Any]:
     """``score_prepared``, where an unexpected failure of the whole batch is retried item by item, so one
     item cannot sink the rest: one result or error per item, in order. The one fallback the service,
     batch jobs and ``score_batch(errors="return")`` share."""
     try:
-        return model.score_prepared(prepared, exact=exact)
+        return pipe.score_prepared(prepared, exact=exact)
     except Exception:  # noqa: BLE001 - retried below; what still fails is reported in its slot
         logging.getLogger("nvrm").warning("a batch of %d failed; retrying item by item", len(prepared), exc_info=True)
     out: list[Any] = []
     for p in prepared:
         try:
-            out.append(model.score_prepared([p], exact=True)[0])
+            out.append(pipe.score_prepared([p], exact=True)[0])
         except NvrmError as e:
             out.append(e)
         except Exception as e:  # noqa: BLE001
@@ -125,10 +197,10 @@ def score_prepared_each(model: RewardModel, prepared: Sequence[Any], *, exact: b
     return out
 
 
-def stream_groups(model: RewardModel, groups: Iterable[GroupLike], *, errors: Errors, exact: bool | None, lookahead: int | None, context_raises: bool = False):
+def stream_groups(pipe: Pipeline, groups: Iterable[GroupLike], *, errors: Errors, exact: bool | None, lookahead: int | None, context_raises: bool = False):
     """``RewardModel.score_groups``: one list of results per group, in order, preparing ahead."""
-    ahead = model.settings.lookahead if lookahead is None else lookahead
-    exact = model.settings.exact if exact is None else exact
+    ahead = pipe.settings.lookahead if lookahead is None else lookahead
+    exact = pipe.settings.exact if exact is None else exact
     it = iter(enumerate(groups))
     pending: deque[PendingGroup] = deque()
 
@@ -138,30 +210,30 @@ def stream_groups(model: RewardModel, groups: Iterable[GroupLike], *, errors: Er
                 k, group = next(it)
             except StopIteration:
                 return
-            pending.append(submit_group(model, group, k))
+            pending.append(submit_group(pipe, group, k))
 
     fill(ahead + 1)
     try:
         while pending:
             current = pending.popleft()
             fill(ahead)  # groups k+1 .. k+ahead prepare while group k is on the model
-            yield run_group(model, current, errors, exact, context_raises)
+            yield run_group(pipe, current, errors, exact, context_raises)
     finally:
         for p in pending:
             p.cancel()
 
 
-def submit_group(model: RewardModel, group: GroupLike, k: int) -> PendingGroup:
+def submit_group(pipe: Pipeline, group: GroupLike, k: int) -> PendingGroup:
     try:
         prompt, context, candidates = as_group(group, k)
-        model.limits.check_group(len(candidates))
+        pipe.limits.check_group(len(candidates))
     except NvrmError as e:
         n = len(group[2]) if isinstance(group, (tuple, list)) and len(group) == 3 and isinstance(group[2], Sequence) else 0
         return PendingGroup(error=e, n=n)
-    return PendingGroup(model.engine, prompt, context, candidates, model.settings.group_chunk)
+    return PendingGroup(pipe.engine, prompt, context, candidates, pipe.settings.group_chunk)
 
 
-def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: bool, context_raises: bool = False) -> list[Any]:
+def run_group(pipe: Pipeline, pending: PendingGroup, errors: Errors, exact: bool, context_raises: bool = False) -> list[Any]:
     if pending.error is not None:
         if errors == "raise" or context_raises:
             raise pending.error
@@ -189,7 +261,7 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
             return [group.context] * pending.n
         pending.futures[k] = None  # memory stays flat in the group size: nothing of a scored chunk is kept
         try:
-            results, prefix = model.score_chunk(group, prefix, exact)
+            results, prefix = score_chunk(pipe, group, prefix, exact)
         except Exception as e:  # noqa: BLE001 - e.g. an allocation failure: this chunk's candidates fail, the rest go on
             if errors == "raise":
                 raise
@@ -205,14 +277,14 @@ def run_group(model: RewardModel, pending: PendingGroup, errors: Errors, exact: 
     return out
 
 
-def score_chunk(model: RewardModel, group, prefix, exact: bool) -> tuple[list[Any], Any]:
+def score_chunk(pipe: Pipeline, group: PreparedGroup, prefix: Prefix | None, exact: bool) -> tuple[list[Any], Prefix | None]:
     """The good candidates of a prepared group scored (reusing ``prefix`` when it matches), the others'
     errors in their slots: (results in candidate order, the prefix used)."""
     out: list[Any] = [group.slot_error(j) for j in range(len(group.candidates))]
     rows = []
     for row, j in enumerate(group.good):
         try:
-            model.limits.check_sequence_tokens(int(group.encoded.ids[row].shape[0]), f"candidate {j}")
+            pipe.limits.check_sequence_tokens(int(group.encoded.ids[row].shape[0]), f"candidate {j}")
             rows.append(row)
         except NvrmError as e:
             out[j] = e
@@ -222,14 +294,14 @@ def score_chunk(model: RewardModel, group, prefix, exact: bool) -> tuple[list[An
     slots = [group.good[r] for r in rows]
     try:
         if exact:  # each candidate alone, as the engine encodes a single item: bit-identical to score
-            rewards: list[Any] = model.runtime.batched(model.engine.items_of(group, slots), exact=True)
+            rewards: list[Any] = pipe.runtime.batched(pipe.engine.items_of(group, slots), exact=True)
         else:
-            rewards, prefix = model.runtime.group(enc, prefix)
+            rewards, prefix = pipe.runtime.group(enc, prefix)
     except NvrmError as e:
         rewards = [e] * len(slots)
     for row, (j, reward) in enumerate(zip(slots, rewards)):
         if isinstance(reward, NvrmError):
             out[j] = reward
         else:
-            out[j] = model._result(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward)
+            out[j] = pipe.results(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward)
     return out, prefix

@@ -22,7 +22,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
+from ..video.paths import resolve_path
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,6 @@ class PairProblem:
     line: int
     id: str
     message: str
-
-
-def resolve_path(base: Path, value: object, what: str) -> str:
-    """``value`` as a path, relative ones against ``base``; ValueError naming ``what`` if not a path."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty path string")
-    p = Path(value)
-    return str(p if p.is_absolute() else base / p)
 
 
 def parse_pair(text: str, line: int, base: Path) -> Pair | PairProblem:

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from .bundle import load_backbone, load_head, load_processor, read_config, read_integrity_manifest, resolve_bundle, verify_bundle
-from .contract import Contract
-from .errors import ConfigError, NvrmError
-from .forward.model import DTYPES, RewardHead
-from .numerics import ensure_cpu_sdpa
-from .settings import LoadSettings
+from ..bundle import load_backbone, load_head, load_processor, read_config, read_integrity_manifest, resolve_bundle, verify_bundle
+from ..contract import Contract
+from ..errors import ConfigError, NvrmError
+from ..forward.model import DTYPES, RewardHead
+from ..forward.cpu_attention import ensure_cpu_sdpa
+from ..settings import LoadSettings
 
 CPU_BATCH_TOKENS = 16384
 """The key-position budget of one forward on the CPU (``LoadSettings.max_batch_tokens`` default there)."""

@@ -1,8 +1,8 @@
 """``RewardModel``: the scoring API over a loaded bundle.
 
-It joins three parts and adds the results: loading (``nvrm.loading``), the preprocessing engine
+It joins three parts and adds the results: loading (``nvrm.scoring.loading``), the preprocessing engine
 (``nvrm.engine``) that prepares items and groups, the streaming that keeps the engine ahead of the
-model (``nvrm.streaming``), and the forward (``nvrm.forward.runtime``).
+model (``nvrm.scoring.streaming``), and the forward (``nvrm.forward.runtime``).
 
     rm = RewardModel.from_pretrained("artifacts/WORL-NVRM")
     rm.score("a prompt", "context.mp4", "candidate.mp4").reward
@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import torch
 
-from .contract import Contract
-from .engine import Engine, PreparedGroup, PreparedItem, RopeSpec
-from .errors import NvrmError
-from .forward.model import RewardHead
-from .forward.prefix import Prefix
-from .forward.runtime import ForwardRuntime
-from .inputs import PreparedVideo, VideoInput
+from ..contract import Contract
+from ..engine import Engine, PreparedGroup, PreparedItem, RopeSpec
+from ..errors import NvrmError
+from ..forward.model import RewardHead
+from ..forward.prefix import Prefix
+from ..forward.runtime import ForwardRuntime
+from ..video.inputs import PreparedVideo, VideoInput
 from .items import Errors, GroupLike, ItemLike, RankEntry, ScoreItem, bt_probability  # noqa: F401 - part of this module's API
-from .limits import Limits
+from ..limits import Limits
 from .loading import default_batch_tokens, default_device, load_parts, resolve_settings  # noqa: F401 - default_device is API
-from .results import ScoreResult
-from .settings import LoadSettings
-from .streaming import score_chunk, score_prepared_each, stream_batch, stream_groups
+from ..results import ScoreResult
+from ..settings import LoadSettings
+from .streaming import Pipeline, ResultMaker, off_contract_reasons, score_chunk, score_prepared_each, stream_batch, stream_groups  # noqa: F401 - off_contract_reasons is API
 
 if TYPE_CHECKING:
     from .differentiable import DifferentiableReward
@@ -52,7 +52,7 @@ class RewardModel:
         settings: LoadSettings | None = None,
         engine: Engine | None = None,
     ):
-        from .bundle import preprocessing_fingerprint
+        from ..bundle import preprocessing_fingerprint
 
         self.settings = settings or LoadSettings()
         self.processor = processor
@@ -83,21 +83,30 @@ class RewardModel:
         """Fingerprint of the preprocessing: the contract plus the bundle's processor, tokenizer and
         template files. Every result records it (``ScoreResult.contract``); rewards are comparable
         only when it agrees."""
+        self.pipeline = Pipeline(self.engine, self.runtime, ResultMaker(self.fingerprint, revision, contract), self.settings)
+        """What every scoring path runs on (``nvrm.scoring.streaming``)."""
+
+    @property
+    def revision(self) -> str | None:
+        """The bundle's revision, recorded in every result."""
+        return self._revision
+
+    @revision.setter
+    def revision(self, value: str | None) -> None:
+        """Name another revision (an export's); results from now on record it."""
+        import dataclasses
+
+        self._revision = value
+        if hasattr(self, "pipeline"):
+            self.pipeline = dataclasses.replace(self.pipeline, results=dataclasses.replace(self.pipeline.results, revision=value))
 
     backbone = property(lambda self: self.runtime.backbone, doc="The Qwen3-VL backbone (``Qwen3VLModel``).")
     head = property(lambda self: self.runtime.head, doc="The scalar reward head.")
     vision = property(lambda self: self.runtime.vision, doc="The batched vision tower wrapper (None when it does not apply).")
     packed = property(lambda self: self.runtime.packed, doc="Whether batches run packed (``nvrm.forward.model``).")
 
-    @property
-    def max_batch_tokens(self) -> int:
-        """Key positions one forward may hold (rows x longest row)."""
-        return self.runtime.max_batch_tokens
-
-    @max_batch_tokens.setter
-    def max_batch_tokens(self, value: int) -> None:
-        """Change the budget of later forwards."""
-        self.runtime.max_batch_tokens = value
+    max_batch_tokens = property(lambda self: self.runtime.max_batch_tokens, lambda self, v: setattr(self.runtime, "max_batch_tokens", v),
+                                doc="Key positions one forward may hold (rows x longest row); settable for later forwards.")
 
     @property
     def limits(self) -> Limits:
@@ -158,36 +167,23 @@ class RewardModel:
 
     # ------------------------------------------------------------ the model
 
-    def _result(self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float) -> ScoreResult:
-        return ScoreResult(
-            reward=reward,
-            context_times=context.times,
-            candidate_times=candidate.times,
-            num_tokens=num_tokens,
-            contract=self.fingerprint,
-            model_revision=self.revision,
-            off_contract=off_contract_reasons(context, candidate, self.contract),
-        )
-
     def rewards(self, encoded: Sequence[Any], head: RewardHead | None = None) -> torch.Tensor:
         """Raw rewards [B] of engine-encoded items as one batch, no gradient mode set (the trainer's path; ``head``: its own)."""
         return self.runtime.rewards(encoded, head)
 
     def differentiable(self, *, checkpointing: bool = True) -> "DifferentiableReward":
-        """A ``torch.nn.Module`` whose rewards backpropagate to candidate pixels, equal to ``score``'s (``nvrm.differentiable``)."""
+        """A ``torch.nn.Module`` whose rewards backpropagate to candidate pixels, equal to ``score``'s (``nvrm.scoring.differentiable``)."""
         from .differentiable import DifferentiableReward
         return DifferentiableReward(self, checkpointing=checkpointing)
 
     def score_prepared(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult]:
         """Score prepared items in token-budgeted batches (or one by one with ``exact``); input order."""
-        exact = self.settings.exact if exact is None else exact
-        rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact)
-        return [self._result(p.context, p.candidate, p.encoded.num_tokens, r) for p, r in zip(prepared, rewards)]
+        return self.pipeline.score_prepared(prepared, exact=exact)
 
     def score_prepared_each(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult | NvrmError]:
         """``score_prepared`` that never fails as a whole: a batch that fails unexpectedly is retried item by
         item, and what still fails is an error in its slot."""
-        return score_prepared_each(self, prepared, exact=exact)
+        return score_prepared_each(self.pipeline, prepared, exact=exact)
 
     # ------------------------------------------------------------ scoring
 
@@ -195,7 +191,10 @@ class RewardModel:
         """Reward for one (prompt, context, candidate)."""
         prepared = self.prepare(prompt, context, candidate)
         self.limits.check_sequence_tokens(prepared.encoded.num_tokens)
-        return self.score_prepared([prepared], exact=True)[0]
+        result = self.score_prepared([prepared], exact=True)[0]
+        if isinstance(result, NvrmError):  # a non-finite reward: never returned as a result
+            raise result
+        return result
 
     def score_batch(self, items: Iterable[ItemLike], *, errors: Errors = "raise", exact: bool | None = None) -> list[ScoreResult | NvrmError]:
         """Rewards for many items, batched by token budget; results in input order.
@@ -209,7 +208,7 @@ class RewardModel:
         Returns:
             One ``ScoreResult`` (or, with ``errors="return"``, ``NvrmError``) per item.
         """
-        return stream_batch(self, items, errors=errors, exact=exact)
+        return stream_batch(self.pipeline, items, errors=errors, exact=exact)
 
     def score_group(
         self, prompt: str, context: VideoInput, candidates: Sequence[VideoInput], *, errors: Errors = "raise", exact: bool | None = None
@@ -223,7 +222,7 @@ class RewardModel:
         scores each candidate alone instead. A bad context raises; a bad candidate raises or, with
         ``errors="return"``, yields its error in its slot.
         """
-        [out] = list(stream_groups(self, [(prompt, context, candidates)], errors=errors, exact=exact, lookahead=0, context_raises=True))
+        [out] = list(stream_groups(self.pipeline, [(prompt, context, candidates)], errors=errors, exact=exact, lookahead=0, context_raises=True))
         return out
 
     def score_groups(
@@ -241,7 +240,7 @@ class RewardModel:
         Yields:
             One list per group, in order, one ``ScoreResult`` or ``NvrmError`` per candidate.
         """
-        return stream_groups(self, groups, errors=errors, exact=exact, lookahead=lookahead)
+        return stream_groups(self.pipeline, groups, errors=errors, exact=exact, lookahead=lookahead)
 
     def score_prepared_group(self, group: PreparedGroup, *, exact: bool | None = None) -> list[ScoreResult | NvrmError]:
         """Results for a group the engine prepared: one per candidate slot, errors in their slots."""
@@ -258,8 +257,8 @@ class RewardModel:
 
     def score_chunk(self, group: PreparedGroup, prefix: Prefix | None, exact: bool) -> tuple[list[ScoreResult | NvrmError], Prefix | None]:
         """Score the good candidates of a prepared group (reusing ``prefix`` when it matches): the results
-        in candidate order and the prefix used (``nvrm.streaming.score_chunk``)."""
-        return score_chunk(self, group, prefix, exact)
+        in candidate order and the prefix used (``nvrm.scoring.streaming.score_chunk``)."""
+        return score_chunk(self.pipeline, group, prefix, exact)
 
     def compare(self, prompt: str, context: VideoInput, a: VideoInput, b: VideoInput) -> float:
         """P(a preferred over b) under the Bradley-Terry model: sigmoid(r_a - r_b)."""
@@ -285,13 +284,3 @@ class RewardModel:
             "workers": {"count": self.engine.workers, "kind": self.engine.kind},
             "pixel_codec": self.engine.codec is not None, "packed_batches": self.packed,
         }
-
-
-def off_contract_reasons(context: PreparedVideo, candidate: PreparedVideo, contract: Contract) -> tuple[str, ...]:
-    """Which opt-ins an item actually used (a contract with an opt-in on scores ordinary items as usual)."""
-    reasons = []
-    if not context.times:
-        reasons.append("no context")
-    if len(candidate.times) < contract.candidate_frames:
-        reasons.append(f"short candidate: {len(candidate.times)} of {contract.candidate_frames} frames")
-    return tuple(reasons)

@@ -19,7 +19,7 @@ from PIL import Image
 from qwen_vl_utils import fetch_image
 from safetensors.torch import load_file
 
-from .contract import Contract
+from ..contract import Contract
 
 
 def decode_all(path: str | Path) -> tuple[list[float], list[Image.Image], float | None]:
@@ -110,7 +110,7 @@ class ReferenceScorer:
     def __init__(self, bundle: str | Path, contract: Contract | None = None, device: str = "cpu"):
         from transformers import AutoProcessor
 
-        from .numerics import ensure_cpu_sdpa
+        from ..forward.cpu_attention import ensure_cpu_sdpa
 
         ensure_cpu_sdpa()
         self.contract = contract or Contract.for_bundle(bundle)

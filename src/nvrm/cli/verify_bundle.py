@@ -1,0 +1,35 @@
+"""``nvrm verify``: a bundle against its manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..bundle import verify_bundle
+from ..errors import BundleError
+
+
+def add_verify_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm verify``: the bundle directory and ``--no-cache``."""
+    p.add_argument("bundle", help="bundle directory")
+    p.add_argument("--no-cache", action="store_true", help="re-hash every file instead of using the digest cache")
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Check every file of a bundle against its integrity manifest and print the result.
+
+    Returns 1 when the bundle has no manifest; a mismatch raises a ``BundleError`` (exit code 2)."""
+    bundle = Path(args.bundle)
+    if not bundle.is_dir():
+        raise BundleError(f"{bundle}: no such bundle directory")
+    report = verify_bundle(bundle, use_cache=not args.no_cache)
+    if report.manifest is None:
+        print(f"{bundle}: no manifest; nothing verified", file=sys.stderr)
+        return 1
+    from ..bundle import template_source
+
+    rev = f", revision {report.revision}" if report.revision else ""
+    print(f"{bundle}: OK, {report.files_checked} file(s) match {report.manifest}{rev} ({report.cache_hits} from digest cache)")
+    print(f"{bundle}: chat template from {template_source(bundle) or 'nowhere (the bundle has none)'}")
+    return 0

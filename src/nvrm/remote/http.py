@@ -1,0 +1,184 @@
+"""HTTP for the client: one retry policy for sync and async, answers bounded in size and time.
+
+``Transport`` runs a request plan (``bodies.plan``) against ``nvrm serve`` with httpx. Connection
+errors and 502/503/504 are retried with exponential backoff and jitter (``Retry-After`` honoured,
+up to 30 s); every exchange as a whole is bounded by ``timeout`` and its answer by
+``max_response_bytes``; an error answer becomes a ``ServiceError`` with the server's code.
+The httpx clients can be handed in (an app served in process: ``fastapi.testclient.TestClient``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Generator
+
+import httpx
+from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt
+
+from ..errors import ServiceError
+
+RETRY_STATUS = {502, 503, 504}
+
+
+class Retryable(Exception):
+    """A failure worth another try (connection trouble, 502/503/504); carries the last error."""
+
+    def __init__(self, error: ServiceError, retry_after: float | None):
+        self.error = error
+        self.retry_after = retry_after
+
+
+_DONE = object()
+
+
+def _advance(plan: Generator, reply: Any) -> tuple:
+    """The plan's next exchange after ``reply`` (an answer, or a ``ServiceError`` to throw into it), or
+    ``(_DONE, value)`` when it has finished."""
+    try:
+        return plan.throw(reply) if isinstance(reply, ServiceError) else plan.send(reply)
+    except StopIteration as stop:
+        return (_DONE, stop.value)
+
+
+def _whole(streamed: httpx.Response, body: bytearray) -> httpx.Response:
+    """A streamed answer, read (and decoded) into ``body``, as an ordinary response."""
+    headers = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(streamed.status_code, headers=headers, content=bytes(body), request=streamed.request)
+
+
+def failure(response: httpx.Response) -> ServiceError:
+    """A ``ServiceError`` for an error answer (the server's JSON error body, else its text)."""
+    try:
+        err = response.json()["error"]
+        return ServiceError(f"service answered {response.status_code}: {err['message']}", response.status_code, err.get("code"))
+    except Exception:  # noqa: BLE001 - not our JSON error body
+        return ServiceError(f"service answered {response.status_code}: {response.text[:200]}", response.status_code)
+
+
+class Transport:
+    """Requests to one base URL, with retries, deadlines and size caps."""
+
+    def __init__(self, url: str, *, headers: dict[str, str], timeout: float, retries: int, backoff: float, max_response_bytes: int,
+                 http: httpx.Client | None = None, ahttp: httpx.AsyncClient | None = None):
+        self.url = url
+        self.headers = headers
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_response_bytes = max_response_bytes
+        self._sync = http
+        self._async = ahttp
+        self._owned = (http is None, ahttp is None)
+
+    def _wait(self, state) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, Retryable) and error.retry_after is not None:
+            return min(error.retry_after, 30.0)
+        return self.backoff * (2 ** (state.attempt_number - 1)) * (0.5 + random.random())
+
+    def _policy(self) -> dict[str, Any]:
+        return {"stop": stop_after_attempt(self.retries + 1), "wait": self._wait, "retry": retry_if_exception_type(Retryable), "reraise": True}
+
+    def check(self, response: httpx.Response, ok: tuple[int, ...] = (422,)) -> Any:
+        """The JSON of ``response``; retryable or final ``ServiceError`` otherwise (``ok``: error statuses
+        whose body is a normal answer, such as 422 when every item failed on its input)."""
+        if response.status_code in RETRY_STATUS:
+            ra = response.headers.get("retry-after", "")
+            raise Retryable(failure(response), float(ra) if ra.replace(".", "", 1).isdigit() else None)
+        if response.status_code >= 400 and response.status_code not in ok:
+            raise failure(response)
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise ServiceError(f"service answered {response.status_code} with {kind}, not JSON: {response.text[:120]!r}", response.status_code) from None
+
+    def _bounded(self, chunk: bytes, body: bytearray, deadline: float) -> bytes:
+        """``chunk``, unless the answer has passed the size cap or the exchange its deadline."""
+        if len(body) + len(chunk) > self.max_response_bytes:
+            raise ServiceError(f"{self.url}: the answer is larger than max_response_bytes={self.max_response_bytes}; not read further")
+        if time.monotonic() > deadline:
+            raise Retryable(ServiceError(f"{self.url}: the answer took longer than timeout={self.timeout:g} s in all"), None)
+        return chunk
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One exchange (retried), its JSON answer."""
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        if self._sync is None:
+            self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
+        try:
+            for attempt in Retrying(**self._policy()):
+                with attempt:
+                    try:
+                        deadline = time.monotonic() + self.timeout
+                        with self._sync.stream(method, self.url + path, headers=headers, **kwargs) as r:
+                            body = bytearray()
+                            for chunk in r.iter_bytes():
+                                body += self._bounded(chunk, body, deadline)
+                            response = _whole(r, body)
+                    except httpx.TransportError as e:
+                        raise Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
+                    return self.check(response)
+        except Retryable as e:
+            raise e.error from None
+
+    async def arequest(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``request``, asynchronously."""
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        if self._async is None:
+            self._async = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
+        try:
+            async for attempt in AsyncRetrying(**self._policy()):
+                with attempt:
+                    try:
+                        deadline = time.monotonic() + self.timeout
+                        async with self._async.stream(method, self.url + path, headers=headers, **kwargs) as r:
+                            body = bytearray()
+                            async for chunk in r.aiter_bytes():
+                                body += self._bounded(chunk, body, deadline)
+                            response = _whole(r, body)
+                    except httpx.TransportError as e:
+                        raise Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
+                    return self.check(response)
+        except Retryable as e:
+            raise e.error from None
+
+    def status(self, path: str) -> int | None:
+        """One GET, not retried: its status code, or None when the server cannot be reached."""
+        if self._sync is None:
+            self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
+        try:
+            return self._sync.get(self.url + path, headers=self.headers).status_code
+        except httpx.TransportError:
+            return None
+
+    def run(self, plan: Generator) -> Any:
+        """A request plan run with the sync client; its final answer."""
+        reply: Any = None
+        while (step := _advance(plan, reply))[0] is not _DONE:
+            try:
+                reply = self.request(step[0], step[1], **step[2])
+            except ServiceError as e:
+                reply = e
+        return step[1]
+
+    async def arun(self, plan: Generator) -> Any:
+        """A request plan run with the async client."""
+        reply: Any = None
+        while (step := _advance(plan, reply))[0] is not _DONE:
+            try:
+                reply = await self.arequest(step[0], step[1], **step[2])
+            except ServiceError as e:
+                reply = e
+        return step[1]
+
+    def close(self) -> None:
+        if self._sync is not None and self._owned[0]:
+            self._sync.close()
+            self._sync = None
+
+    async def aclose(self) -> None:
+        if self._async is not None and self._owned[1]:
+            await self._async.aclose()
+            self._async = None

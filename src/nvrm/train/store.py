@@ -1,0 +1,279 @@
+"""The prepared-input store: every video of a preference set run once through the exact contract, on disk.
+
+Training at the release's scale (about 312K pairs) cannot hold prepared videos in memory (about
+0.46 MB per frame), and should not decode every video again every epoch. ``nvrm prefs prepare``
+writes the contract's output once; training (on any rank of any machine that sees the folder)
+reads each video's patches when its pair comes up.
+
+Layout of a store folder:
+
+    store.json                   format, version, the preprocessing fingerprint it was built with
+    shard-<id>.safetensors       uint8 (or float32) patches and grids of many videos, by key
+    shard-<id>.index.json        per video: key, role, source path, its size and mtime, sample times
+
+- A key is the video's role and the sha256 of its content, so one file named twice is stored once.
+- A shard is written under a temporary name, fsynced and renamed; its index is renamed last, and
+  only shards with an index count. A build that is killed loses at most its open shard, and a
+  rebuild skips every video already stored (resumable). Several builders (Ray tasks) may write
+  shards into one folder at once: shard ids are unique.
+- A store records the preprocessing fingerprint (the contract plus the bundle's processor,
+  tokenizer and template files); a model with another fingerprint refuses it in one line.
+- Never pickle: safetensors and JSON only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from ..errors import InputError
+from ..video.inputs import PreparedVideo
+
+FORMAT = "nvrm-prepared-store"
+VERSION = 1
+SHARD_BYTES = 256 << 20
+"""A shard is closed once it holds this many bytes of patches."""
+
+
+def content_key(path: str | os.PathLike, role: str) -> str:
+    """``role:sha256`` of the file's bytes (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return f"{role}:{h.hexdigest()}"
+
+
+def _stat(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def _tensor_name(key: str, part: str) -> str:
+    return f"{key.replace(':', '.')}.{part}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored video."""
+
+    key: str
+    role: str
+    path: str
+    size: int
+    mtime_ns: int
+    times: tuple[float, ...]
+    shard: str
+
+
+def _atomic_json(path: Path, body: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class StoreWriter:
+    """Adds prepared videos to a store folder, one shard at a time (thread-safe)."""
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, shard_bytes: int = SHARD_BYTES):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        meta = self.folder / "store.json"
+        if meta.is_file():
+            check_meta(self.folder, fingerprint)
+        else:
+            _atomic_json(meta, {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint})
+        self.fingerprint = fingerprint
+        self.shard_bytes = shard_bytes
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._entries: list[dict[str, Any]] = []
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.shards_written = 0
+
+    def add(self, key: str, path: str, video: PreparedVideo) -> None:
+        """Buffer ``video`` (prepared and encoded) under ``key``; a full buffer is written as a shard."""
+        if video.pixels is None:
+            raise ValueError(f"{path}: the video is not encoded (no patches)")
+        size, mtime = _stat(path)
+        pixels = video.pixels.contiguous()
+        with self._lock:
+            self._tensors[_tensor_name(key, "pixels")] = pixels
+            self._tensors[_tensor_name(key, "grid")] = video.grid.to(torch.int64).contiguous()
+            self._entries.append({"key": key, "role": video.role, "path": path, "size": size, "mtime_ns": mtime, "times": list(video.times)})
+            self._bytes += pixels.numel() * pixels.element_size()
+            full = self._bytes >= self.shard_bytes
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is buffered as one shard (nothing if the buffer is empty)."""
+        from safetensors.torch import save_file
+
+        with self._lock:
+            tensors, entries = self._tensors, self._entries
+            self._tensors, self._entries, self._bytes = {}, [], 0
+        if not entries:
+            return
+        shard = f"shard-{uuid.uuid4().hex[:16]}"
+        tmp = self.folder / f".{shard}.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"format": FORMAT})
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.folder / f"{shard}.safetensors")
+        _atomic_json(self.folder / f"{shard}.index.json", {"shard": shard, "entries": entries})
+        self.shards_written += 1
+
+    def close(self) -> None:
+        self.flush()
+
+
+def check_meta(folder: Path, fingerprint: str) -> dict[str, Any]:
+    """The store's ``store.json``, refused (one line) when it is not a store or was built for other preprocessing."""
+    path = Path(folder) / "store.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(str(folder), f"is not a prepared-input store (store.json: {' '.join(str(e).split())[:120]}); build one with nvrm prefs prepare") from e
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise InputError(str(folder), f"is not a version-{VERSION} prepared-input store (store.json says {meta.get('format')!r} version {meta.get('version')!r})")
+    if meta.get("fingerprint") != fingerprint:
+        raise InputError(
+            str(folder),
+            f"was built with preprocessing {str(meta.get('fingerprint'))[:12]}, and this model's is {fingerprint[:12]} (another contract, "
+            "processor, tokenizer or template); build a store for this bundle with nvrm prefs prepare",
+        )
+    return meta
+
+
+def read_entries(folder: Path) -> dict[tuple[str, str], Entry]:
+    """(absolute path, role) -> its entry, from every complete shard's index (the newest wins)."""
+    out: dict[tuple[str, str], Entry] = {}
+    for index in sorted(Path(folder).glob("shard-*.index.json"), key=lambda p: p.stat().st_mtime_ns):
+        try:
+            body = json.loads(index.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(str(index), f"is unreadable ({' '.join(str(e).split())[:120]}); delete it and its shard, then rebuild (nvrm prefs prepare resumes)") from e
+        for e in body["entries"]:
+            entry = Entry(e["key"], e["role"], e["path"], e["size"], e["mtime_ns"], tuple(e["times"]), body["shard"])
+            out[(entry.path, entry.role)] = entry
+    return out
+
+
+class StoreReader:
+    """Prepared videos from a store, by the path and role a pair names them with (thread-safe).
+
+    Only the indices are read up front; a video's patches are read from its shard (memory-mapped by
+    safetensors) when it is asked for, so memory stays flat however large the store is.
+    """
+
+    OPEN_SHARDS = 8
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, contract: str):
+        self.folder = Path(folder)
+        check_meta(self.folder, fingerprint)
+        self.contract = contract
+        self.entries = read_entries(self.folder)
+        self._handles: "OrderedDict[str, Any]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def missing(self, wanted: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The (path, role)s not in the store, or changed since it was built (size or mtime)."""
+        out = []
+        for path, role in wanted:
+            e = self.entries.get((os.path.abspath(path), role))
+            if e is None:
+                out.append((path, role))
+                continue
+            try:
+                if _stat(e.path) != (e.size, e.mtime_ns):
+                    out.append((path, role))
+            except OSError:
+                pass  # a store may outlive its source files: the stored video is what is read
+        return out
+
+    def _handle(self, shard: str):
+        from safetensors import safe_open
+
+        with self._lock:
+            h = self._handles.get(shard)
+            if h is None:
+                h = safe_open(str(self.folder / f"{shard}.safetensors"), framework="pt", device="cpu")
+                self._handles[shard] = h
+                while len(self._handles) > self.OPEN_SHARDS:
+                    self._handles.popitem(last=False)
+            else:
+                self._handles.move_to_end(shard)
+            return h
+
+    def get(self, path: str, role: str) -> PreparedVideo:
+        """The stored prepared video (patches, grid and times; no images: training needs none)."""
+        e = self.entries.get((os.path.abspath(path), role))
+        if e is None:
+            raise InputError(path, f"is not in the prepared-input store {self.folder} as a {role}; rebuild it (nvrm prefs prepare resumes)")
+        try:
+            h = self._handle(e.shard)
+            pixels = h.get_tensor(_tensor_name(e.key, "pixels"))
+            grid = h.get_tensor(_tensor_name(e.key, "grid"))
+        except Exception as err:  # noqa: BLE001 - a damaged shard: one line naming it and the fix
+            raise InputError(str(self.folder / f"{e.shard}.safetensors"), f"is unreadable ({' '.join(str(err).split())[:120]}); delete it and its index, then rebuild") from err
+        return PreparedVideo((), e.times, os.path.basename(path), role, self.contract, pixels, grid)
+
+
+def pending(videos: Iterable[tuple[str, str]], folder: str | os.PathLike) -> tuple[list[tuple[str, str]], int]:
+    """(the absolute (path, role)s of ``videos`` not stored yet, or changed since; how many are stored already)."""
+    have = read_entries(Path(folder))
+    todo, skipped = [], 0
+    for path, role in dict.fromkeys((os.path.abspath(p), r) for p, r in videos):
+        e = have.get((path, role))
+        try:
+            current = _stat(path)
+        except OSError:
+            current = None
+        if e is not None and (current is None or current == (e.size, e.mtime_ns)):
+            skipped += 1
+        else:
+            todo.append((path, role))
+    return todo, skipped
+
+
+def build_store(model, videos: Iterable[tuple[str, str]], folder: str | os.PathLike, *, shard_bytes: int = SHARD_BYTES, on_error=None) -> dict[str, Any]:
+    """Prepare every (path, role) of ``videos`` not stored yet, through ``model``'s engine, into ``folder``.
+
+    Returns counts: ``stored`` (now), ``skipped`` (already there), ``failed`` (each failure goes to
+    ``on_error(path, role, error)``; nothing is stored for it).
+    """
+    from ..errors import NvrmError
+
+    writer = StoreWriter(folder, model.fingerprint, shard_bytes)
+    todo, skipped = pending(videos, folder)
+    stored = failed = 0
+    window = max(8, 4 * model.engine.workers)
+    for start in range(0, len(todo), window):
+        part = todo[start : start + window]
+        jobs = [(p, r, model.engine.submit_video(p, r)) for p, r in part]
+        for path, role, job in jobs:
+            try:
+                video = job.result()
+                writer.add(content_key(path, role), path, video)
+                stored += 1
+            except (NvrmError, OSError) as err:
+                failed += 1
+                if on_error is not None:
+                    on_error(path, role, err)
+    writer.close()
+    return {"stored": stored, "skipped": skipped, "failed": failed, "shards": writer.shards_written}
