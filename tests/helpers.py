@@ -178,3 +178,18 @@ def run_checked(cmd, **kw) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of Prometheus samples ``name`` in ``text`` whose labels include ``labels`` (any label order)."""
+    import re
+
+    total = 0.0
+    for line in text.splitlines():
+        m = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)", line.strip())
+        if not m or m.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total

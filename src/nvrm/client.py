@@ -44,9 +44,10 @@ from .errors import RemoteItemError, ServiceError
 from .protocol import ItemError, ScoreResponse
 from .remote.bodies import Encoding, KnownRefs, RequestBody, plan
 from .remote.http import Transport
+from .remote.job_handle import RemoteJob
 from .results import ScoreResult
 
-__all__ = ["RewardClient", "RemoteItemError", "ServiceError"]
+__all__ = ["RewardClient", "RemoteItemError", "RemoteJob", "ServiceError"]
 
 Errors = Literal["raise", "return"]
 
@@ -216,6 +217,22 @@ class RewardClient:
     async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_group``, asynchronously."""
         return self._results(await self._apost("/v1/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline)), errors, len(candidates))
+
+    def submit(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> RemoteJob:
+        """``score_batch`` as a job: returns at once with a handle whose ``result()`` (or ``await aresult()``)
+        gives the results later, so a trainer goes on while rollouts are scored."""
+        answer = self._post("/v1/jobs/score", lambda inline: self._items(items, exact, inline))
+        return RemoteJob(self, answer["id"], len(items), errors, self._results)
+
+    def submit_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> RemoteJob:
+        """``score_group`` as a job (see ``submit``)."""
+        answer = self._post("/v1/jobs/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline))
+        return RemoteJob(self, answer["id"], len(candidates), errors, self._results)
+
+    async def asubmit(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> RemoteJob:
+        """``submit``, asynchronously."""
+        answer = await self._apost("/v1/jobs/score", lambda inline: self._items(items, exact, inline))
+        return RemoteJob(self, answer["id"], len(items), errors, self._results)
 
     def info(self) -> dict:
         """The service's ``/v1/info``: model, contract and limits."""

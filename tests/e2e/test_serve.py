@@ -19,7 +19,7 @@ from nvrm import Clip, RewardFnError, make_reward_fn
 from nvrm.client import RemoteItemError, RewardClient, ServiceError
 from nvrm.protocol import encode_frames
 from nvrm.synth.clips import moving_square
-from helpers import GROUP_ULPS, InProcessServer, Server, bf16_ulp, in_threads
+from helpers import GROUP_ULPS, InProcessServer, Server, bf16_ulp, in_threads, metric_sum
 
 
 # small portrait frames keep each item cheap (~400 tokens) so many requests fit in CI time
@@ -245,9 +245,6 @@ def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
         except Exception as e:  # noqa: BLE001
             results.append(e)
 
-    def total(text, start):
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(start))
-
     threads = [threading.Thread(target=hit, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
@@ -255,8 +252,8 @@ def test_sigterm_drains_in_flight_requests(tiny_bundle, expected):
     deadline = time.time() + 30
     while time.time() < deadline:  # until all six requests are admitted or answered (an answer leaves admission first)
         m = httpx.get(s.url + "/metrics").text
-        answered = total(m, 'nvrm_requests_total{endpoint="/v1/score_group",code="200"}')
-        if total(m, "nvrm_items_admitted ") + len(CANDS) * answered >= 6 * len(CANDS):
+        answered = metric_sum(m, "nvrm_requests_total", endpoint="/v1/score_group", code="200")
+        if metric_sum(m, "nvrm_items_admitted") + len(CANDS) * answered >= 6 * len(CANDS):
             break
         time.sleep(0.005)
     else:

@@ -2,7 +2,7 @@
 
 - On 4.57.6, nvrm's writer (``nvrm.bundle.assets``) gives the same bytes as 4.57.6's own
   ``save_pretrained`` of the same tokenizer, processor and config.
-- Under transformers 5.24 (an overlay on this torch, ``tf_overlay``), a bundle built there is byte
+- Under transformers 5.24 (an overlay on this torch, ``tests/overlays.py``), a bundle built there is byte
   for byte the bundle built here, and loads, verifies and scores here under 4.57.6.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_overlay import ROOT, env_with, overlay
+from overlays import ROOT, env_with, overlay
 
 pytestmark = pytest.mark.versions
 

@@ -1,7 +1,7 @@
 """The release's rewards on every supported transformers: the version matrix (part of ``make test``).
 
 The release profile is transformers 4.57.6 (this environment). Each other version runs on the same
-torch build (``tf_overlay``), and
+torch build (``tests/overlays.py``), and
 
 - ``probe.py`` writes every path's numbers there (``score``, packed and exact ``score_batch``,
   prefix-KV ``score_group`` and ``score_groups``, the differentiable reward's value and gradient,
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_overlay import ROOT, env_with, overlay
+from overlays import ROOT, env_with, overlay
 
 pytestmark = pytest.mark.versions
 

@@ -102,8 +102,8 @@ class Transport:
             raise Retryable(ServiceError(f"{self.url}: the answer took longer than timeout={self.timeout:g} s in all"), None)
         return chunk
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One exchange (retried), its JSON answer."""
+    def request(self, method: str, path: str, *, ok: tuple[int, ...] = (422,), **kwargs: Any) -> Any:
+        """One exchange (retried), its JSON answer (``ok``: error statuses whose body is a normal answer)."""
         headers = {**self.headers, **kwargs.pop("headers", {})}
         if self._sync is None:
             self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
@@ -119,11 +119,11 @@ class Transport:
                             response = _whole(r, body)
                     except httpx.TransportError as e:
                         raise Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
-                    return self.check(response)
+                    return self.check(response, ok)
         except Retryable as e:
             raise e.error from None
 
-    async def arequest(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def arequest(self, method: str, path: str, *, ok: tuple[int, ...] = (422,), **kwargs: Any) -> Any:
         """``request``, asynchronously."""
         headers = {**self.headers, **kwargs.pop("headers", {})}
         if self._async is None:
@@ -140,7 +140,7 @@ class Transport:
                             response = _whole(r, body)
                     except httpx.TransportError as e:
                         raise Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
-                    return self.check(response)
+                    return self.check(response, ok)
         except Retryable as e:
             raise e.error from None
 

@@ -22,6 +22,7 @@ from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
 from . import middleware, routes
 from .config import ServeConfig
+from .job_service import JobService
 from .serving import Serving
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,15 @@ log = logging.getLogger(__name__)
 def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
     """An app serving ``model_or_loader`` (a RewardModel, or a callable that loads one)."""
     state = Serving(config)
+    jobs = JobService(state)
+
+    def install(model) -> None:
+        jobs.install_decoder(model.device)
+        state.install(model)
 
     def load() -> None:
         try:
-            state.install(model_or_loader())
+            install(model_or_loader())
             log.info("model ready")
         except NvrmError as e:
             state.load_error = str(e)
@@ -48,8 +54,9 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
         if callable(model_or_loader) and not hasattr(model_or_loader, "score"):
             threading.Thread(target=load, name="nvrm-load", daemon=True).start()
         elif state.model is None:
-            state.install(model_or_loader)
+            install(model_or_loader)
         yield
+        jobs.store.cancel_all()
         # uvicorn has already waited for in-flight requests (graceful shutdown)
         if state.scheduler is not None:
             state.scheduler.begin_drain(config.drain_timeout_s)
@@ -64,9 +71,10 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
         redoc_url=None,
     )
     app.state.nvrm = state
+    app.state.jobs = jobs
     app.state.metrics = state.metrics
     middleware.install(app, api_key=config.api_key, metrics=state.metrics)
-    routes.install(app, state)
+    routes.install(app, state, jobs)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

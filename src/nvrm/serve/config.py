@@ -55,6 +55,16 @@ class ServeConfig:
         default=512.0,
         metadata=_help("prefilled contexts (their KV, on the model's device) kept so later items of the same context run only their own tokens (LRU); 0 turns it off"),
     )
+    max_jobs: int = field(default=4096, metadata=_help("asynchronous jobs held at once, running or finished (/v1/jobs, cosmos-rl's enqueue); more get 503"))
+    job_ttl_s: float = field(default=900.0, metadata=_help("how long a finished job's result is kept, however often it is fetched"))
+    max_job_results_mb: float = field(default=64.0, metadata=_help("bytes of finished jobs' results kept; the oldest finished go first"))
+    latent_decoder: str | None = field(
+        default=None, metadata=_help("a Wan2.1 VAE (diffusers AutoencoderKLWan folder, or Wan2.1_VAE.pth) to decode cosmos-rl's latents with (nvrm[cosmos])")
+    )
+    context_frames: int = field(default=1, metadata=_help("leading frames of a cosmos-rl rollout that are its context (the conditioning frames; 0: text-to-world)"))
+    cosmos_fallback_score: float = field(
+        default=-5.0, metadata=_help("the score a cosmos-rl rollout that failed gets (named in the answer's errors list); default cosmos-rl's clip floor")
+    )
     api_key: str | None = field(default=None, repr=False, metadata={"cli": False})
     """The bearer token itself (read from ``api_key_env`` by the CLI; never a flag)."""
 
@@ -66,6 +76,8 @@ class ServeConfig:
                 raise ConfigError(f"--allow-dir {d}: is not an existing directory")
             resolved.append(os.path.realpath(p))
         object.__setattr__(self, "allow_dirs", tuple(resolved))
+        if self.latent_decoder is not None and not Path(self.latent_decoder).exists():
+            raise ConfigError(f"--latent-decoder {self.latent_decoder}: no such folder or file (a diffusers AutoencoderKLWan folder, or Wan2.1_VAE.pth)")
         checks = {
             "max_batch_items": self.max_batch_items >= 1,
             "max_wait_ms": self.max_wait_ms >= 0,
@@ -80,6 +92,11 @@ class ServeConfig:
             "context_cache_mb": self.context_cache_mb >= 0,
             "prefix_cache_mb": self.prefix_cache_mb >= 0,
             "context_store_mb": self.context_store_mb >= 0,
+            "max_jobs": self.max_jobs >= 1,
+            "job_ttl_s": self.job_ttl_s > 0,
+            "max_job_results_mb": self.max_job_results_mb > 0,
+            "context_frames": self.context_frames >= 0,
+            "cosmos_fallback_score": True,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
@@ -108,4 +125,9 @@ class ServeConfig:
             "context_store_mb": self.context_store_mb,
             "path_inputs": bool(self.allow_dirs),
             "auth": self.api_key is not None,
+            "max_jobs": self.max_jobs,
+            "job_ttl_s": self.job_ttl_s,
+            "latent_decoder": self.latent_decoder is not None,
+            "context_frames": self.context_frames,
+            "cosmos_fallback_score": self.cosmos_fallback_score,
         }

@@ -76,8 +76,9 @@ def _b64(value: str, where: str) -> bytes:
         raise InputError(where, f"is not valid base64 ({e})") from e
 
 
-def load_npy(raw: "bytes | memoryview", where: str, limits: Limits) -> np.ndarray:
-    """A uint8 (T, H, W, 3) array from ``.npy`` bytes, as a view; the header is checked before any allocation."""
+def npy_header(raw: "bytes | memoryview", where: str) -> tuple[str, bool, tuple, int]:
+    """(dtype descr, Fortran order, shape, offset of the data) of ``.npy`` bytes, read from the header alone
+    (never ``allow_pickle``; an object dtype is refused by its callers' dtype rules)."""
     view = memoryview(raw)
     if len(view) < 10 or bytes(view[:6]) != _NPY_MAGIC:
         raise InputError(where, "is not a .npy array (no NUMPY magic)")
@@ -98,19 +99,35 @@ def load_npy(raw: "bytes | memoryview", where: str, limits: Limits) -> np.ndarra
         descr, fortran, shape = header["descr"], header["fortran_order"], tuple(header["shape"])
     except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError) as e:
         raise InputError(where, "is not a .npy array (unreadable header)") from e
+    if not isinstance(descr, str):
+        raise InputError(where, f"the .npy declares a structured dtype {str(descr)[:60]}; plain arrays only")
+    if not all(type(n) is int and n >= 0 for n in shape):
+        raise InputError(where, f"the .npy declares shape {shape}, not whole non-negative numbers")
+    return descr, bool(fortran), shape, start + hlen
+
+
+def load_npy(raw: "bytes | memoryview", where: str, limits: Limits) -> np.ndarray:
+    """A uint8 (T, H, W, 3) array from ``.npy`` bytes, as a view; the header is checked before any allocation."""
+    view = memoryview(raw)
+    try:
+        descr, fortran, shape, offset = npy_header(view, where)
+    except InputError as e:
+        if "shape" in str(e):
+            raise InputError(where, f"frames must have shape (T, H, W, 3) of whole numbers; {str(e).split(': ', 1)[-1]}") from e
+        raise
     if descr not in ("|u1", "<u1", ">u1", "u1"):
         raise InputError(where, f"frames must be uint8, the .npy declares dtype {descr!r}")
     if fortran:
         raise InputError(where, "frames must be a C-ordered .npy array")
-    if len(shape) != 4 or not all(type(n) is int and n >= 0 for n in shape) or shape[-1] != 3:
+    if len(shape) != 4 or shape[-1] != 3:
         raise InputError(where, f"frames must have shape (T, H, W, 3), the .npy declares {shape}")
     t, h, w, _ = shape
     limits.check_source(w, h, where)
     declared = t * h * w * 3
-    body = len(view) - start - hlen
+    body = len(view) - offset
     if declared != body:
         raise InputError(where, f"the .npy declares shape {shape} ({declared} bytes) but carries {body} bytes")
-    return np.frombuffer(view, dtype=np.uint8, count=declared, offset=start + hlen).reshape(shape)
+    return np.frombuffer(view, dtype=np.uint8, count=declared, offset=offset).reshape(shape)
 
 
 def confine_path(raw: str, allow_dirs: tuple[str, ...], where: str) -> str:

@@ -14,8 +14,9 @@ from ..protocol import error_body
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("/healthz", "/readyz", "/metrics", "/v1/info", "/v1/score", "/v1/score_group", "/docs", "/openapi.json")
-PROTECTED = ("/v1/", "/metrics")
+ENDPOINTS = ("/healthz", "/readyz", "/metrics", "/v1/info", "/v1/score", "/v1/score_group", "/v1/jobs/score", "/v1/jobs/score_group",
+             "/api/reward/enqueue", "/api/reward/pull", "/api/reward/ping", "/docs", "/openapi.json")
+PROTECTED = ("/v1/", "/api/", "/metrics")
 
 
 def json_error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
@@ -23,7 +24,7 @@ def json_error(status: int, code: str, message: str, headers: dict | None = None
 
 
 def install(app: FastAPI, *, api_key: str | None, metrics) -> None:
-    """Auth on /v1/* and /metrics (probes and docs stay open), metrics on every request, JSON errors."""
+    """Auth on /v1/*, /api/* (cosmos-rl's routes) and /metrics (probes and docs stay open), metrics on every request, JSON errors."""
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

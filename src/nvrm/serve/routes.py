@@ -10,10 +10,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ..protocol import ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse
 from .metrics import CONTENT_TYPE_LATEST
+from .job_service import JobService
 from .serving import Body, Reply, Serving
 from .transport import read_body
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 409, 413, 415, 503, 504)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 415, 503, 504)}
 
 
 def _request_body_doc(model: type) -> dict[str, Any]:
@@ -41,8 +42,8 @@ def response(reply: Reply) -> JSONResponse:
     return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers or None)
 
 
-def install(app: FastAPI, serving: Serving) -> None:
-    """The endpoints: each hands its request to ``serving`` and returns the ``Reply`` it gets."""
+def install(app: FastAPI, serving: Serving, jobs: JobService) -> None:
+    """The endpoints: each hands its request to ``serving`` (or ``jobs``) and returns the ``Reply`` it gets."""
     config, metrics = serving.config, serving.metrics
 
     def body(request: Request) -> Body:
@@ -72,6 +73,31 @@ def install(app: FastAPI, serving: Serving) -> None:
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/jobs/score", summary="Submit a /v1/score request as a job; fetch it with GET /v1/jobs/{id}", responses=_ERRORS)
+    async def job_score(request: Request):
+        return response(await jobs.submit("score", body(request)))
+
+    @app.post("/v1/jobs/score_group", summary="Submit a /v1/score_group request as a job; fetch it with GET /v1/jobs/{id}", responses=_ERRORS)
+    async def job_group(request: Request):
+        return response(await jobs.submit("group", body(request)))
+
+    @app.get("/v1/jobs/{job_id}", summary="A job's answer (202 while it runs, 404 once unknown or expired)", responses={404: {"model": ErrorResponse}})
+    async def job(job_id: str):
+        return response(jobs.fetch(job_id))
+
+    @app.post("/api/reward/enqueue", summary="cosmos-rl: a rollout (JSON, a newline, .npy latents or frames); answers {\"uuid\"}", responses=_ERRORS)
+    async def cosmos_enqueue(request: Request):
+        return response(await jobs.enqueue(body(request)))
+
+    @app.post("/api/reward/pull", summary="cosmos-rl: the scores of a uuid (form uuid, type); 425 until ready", responses={**_ERRORS, 425: {"model": ErrorResponse}})
+    async def cosmos_pull(request: Request):
+        form = await request.form()
+        return response(jobs.pull(str(form.get("uuid", "")), str(form.get("type", "") or "")))
+
+    @app.api_route("/api/reward/ping", methods=["GET", "POST"], summary="cosmos-rl: liveness of the reward service")
+    async def cosmos_ping():
+        return response(jobs.ping())
 
     scoring = (
         ("/v1/score", "score", "Score independent items", ScoreRequest),

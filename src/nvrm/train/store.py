@@ -174,18 +174,17 @@ def read_entries(folder: Path) -> dict[tuple[str, str], Entry]:
 class StoreReader:
     """Prepared videos from a store, by the path and role a pair names them with (thread-safe).
 
-    Only the indices are read up front; a video's patches are read from its shard (memory-mapped by
-    safetensors) when it is asked for, so memory stays flat however large the store is.
+    Only the indices are read up front; a video's patches are read from its shard when it is asked
+    for (``pread``, not a memory map, so no shard stays resident), and memory stays flat however large
+    the store is.
     """
-
-    OPEN_SHARDS = 8
 
     def __init__(self, folder: str | os.PathLike, fingerprint: str, contract: str):
         self.folder = Path(folder)
         check_meta(self.folder, fingerprint)
         self.contract = contract
         self.entries = read_entries(self.folder)
-        self._handles: "OrderedDict[str, Any]" = OrderedDict()
+        self._handles: "OrderedDict[str, tuple[int, dict[str, Any]]]" = OrderedDict()  # shard -> its header
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -206,19 +205,40 @@ class StoreReader:
                 pass  # a store may outlive its source files: the stored video is what is read
         return out
 
-    def _handle(self, shard: str):
-        from safetensors import safe_open
-
+    def _header(self, shard: str) -> tuple[int, dict[str, Any]]:
+        """(where the data starts, the tensor table) of a shard's safetensors header (cached; a few KB each)."""
         with self._lock:
-            h = self._handles.get(shard)
-            if h is None:
-                h = safe_open(str(self.folder / f"{shard}.safetensors"), framework="pt", device="cpu")
-                self._handles[shard] = h
-                while len(self._handles) > self.OPEN_SHARDS:
-                    self._handles.popitem(last=False)
-            else:
+            hit = self._handles.get(shard)
+            if hit is not None:
                 self._handles.move_to_end(shard)
-            return h
+                return hit
+        with open(self.folder / f"{shard}.safetensors", "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= 64 << 20:
+                raise ValueError(f"header of {n} bytes")
+            table = json.loads(f.read(n))
+        table.pop("__metadata__", None)
+        with self._lock:
+            self._handles[shard] = (8 + n, table)
+            while len(self._handles) > 4096:
+                self._handles.popitem(last=False)
+        return 8 + n, table
+
+    def _read(self, shard: str, name: str) -> torch.Tensor:
+        """One tensor read with ``pread`` into memory of its own: no memory map keeps the shard's pages resident."""
+        start, table = self._header(shard)
+        spec = table[name]
+        begin, end = spec["data_offsets"]
+        buf = bytearray(end - begin)
+        fd = os.open(self.folder / f"{shard}.safetensors", os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [buf], start + begin)
+        finally:
+            os.close(fd)
+        if got != len(buf):
+            raise ValueError(f"{name}: {got} of {len(buf)} bytes")
+        dtype = {"U8": torch.uint8, "I64": torch.int64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[spec["dtype"]]
+        return torch.frombuffer(buf, dtype=dtype).reshape(spec["shape"]) if buf else torch.empty(spec["shape"], dtype=dtype)
 
     def get(self, path: str, role: str) -> PreparedVideo:
         """The stored prepared video (patches, grid and times; no images: training needs none)."""
@@ -226,11 +246,10 @@ class StoreReader:
         if e is None:
             raise InputError(path, f"is not in the prepared-input store {self.folder} as a {role}; rebuild it (nvrm prefs prepare resumes)")
         try:
-            h = self._handle(e.shard)
-            pixels = h.get_tensor(_tensor_name(e.key, "pixels"))
-            grid = h.get_tensor(_tensor_name(e.key, "grid"))
+            pixels = self._read(e.shard, _tensor_name(e.key, "pixels"))
+            grid = self._read(e.shard, _tensor_name(e.key, "grid"))
         except Exception as err:  # noqa: BLE001 - a damaged shard: one line naming it and the fix
-            raise InputError(str(self.folder / f"{e.shard}.safetensors"), f"is unreadable ({' '.join(str(err).split())[:120]}); delete it and its index, then rebuild") from err
+            raise InputError(str(self.folder / f"{e.shard}.safetensors"), f"is unreadable ({type(err).__name__}: {' '.join(str(err).split())[:120]}); delete it and its index, then rebuild") from err
         return PreparedVideo((), e.times, os.path.basename(path), role, self.contract, pixels, grid)
 
 

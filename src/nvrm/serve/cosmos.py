@@ -1,0 +1,173 @@
+"""cosmos-rl's remote-reward protocol: its enqueue bodies in, its pull answers out (no I/O, no scoring).
+
+cosmos-rl (0.3.9, 0.4.x) sends each rollout to ``POST /api/reward/enqueue`` as
+
+    json.dumps({"prompts": [...B], "reward_fn": {"nvrm": 1.0}, "video_infos": [{"video_fps": 16.0}] * B,
+                "media_type": "latent"}).encode() + b"\\n" + np.save(array)
+
+where the array is the Wan2.1-VAE latents ``[B, 16, T_lat, H/8, W/8]`` (float32 from the legacy
+``RemoteReward``, float16 with ``media_type: latent`` from ``RemoteRewardCalculator``), or, with
+``media_type: video``, uint8 pixels ``[B, T, H, W, 3]`` (or ``[B, 3, T, H, W]``). It answers
+``{"uuid": ...}`` and later pulls ``POST /api/reward/pull`` (form ``uuid``, ``type``) for
+``{"scores": {key: [B floats]}, "input_info", "duration", "decoded_duration", "type"}``.
+
+Everything about a body is checked here before any decoding: JSON and ``.npy`` header, dtype,
+shape against the byte count and the limits, never a pickle. A rollout's leading
+``context_frames`` pixel frames are its context (the conditioning frames are inside the video);
+the rest is the candidate, whose last 5 s the contract samples at 1 FPS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import RequestError
+from .latents import CHANNELS, SPATIAL, decoded_bytes, frames_of
+from .media import npy_header
+from .transport import parse_json
+
+REWARD_NAMES = ("nvrm",)
+"""The ``reward_fn`` names this server computes."""
+SCORE_KEYS = ("reward", "overall_reward")
+"""Keys every pull answer holds (the same raw reward: ``overall_reward`` is cosmos-rl's default ``score_key``)."""
+_FLOAT = {"<f4": np.float32, "<f2": np.float16, "=f4": np.float32, "=f2": np.float16}
+_UINT8 = ("|u1", "<u1", "u1", "=u1")
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """A parsed enqueue body."""
+
+    prompts: list[str]
+    fps: list[float]
+    media: str
+    """``latent`` (decode first) or ``video`` (uint8 pixels)."""
+    array: np.ndarray
+    """Latents [B, 16, T, h, w], or frames [B, T, H, W, 3]."""
+    reward_fn: dict[str, float]
+    sigma_data: float = 1.0
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+    def decoded_bytes(self) -> int:
+        """The memory its frames take once decoded (admitted before any decoding)."""
+        if self.media == "latent":
+            return decoded_bytes(tuple(self.array.shape))
+        return int(self.array.size)
+
+
+def _split(raw: bytes) -> tuple[bytes, memoryview]:
+    cut = raw.find(b"\n")
+    if cut < 0:
+        raise RequestError("enqueue body", "is not JSON, a newline and .npy bytes (no newline found)")
+    return raw[:cut], memoryview(raw)[cut + 1 :]
+
+
+def _array(view: memoryview, media: str, limits) -> np.ndarray:
+    descr, fortran, shape, offset = npy_header(view, "enqueue array")
+    if media == "latent":
+        if descr not in _FLOAT:
+            raise RequestError("enqueue array", f"latents must be float32 or float16, the .npy declares dtype {descr!r}")
+        if len(shape) != 5 or shape[1] != CHANNELS:
+            raise RequestError("enqueue array", f"latents must have shape [B, {CHANNELS}, T, H/8, W/8], the .npy declares {shape}")
+        b, _, t, h, w = shape
+        limits.check_source(w * SPATIAL, h * SPATIAL, "enqueue latents (decoded)")
+        frames = frames_of(t) if t else 0
+        dtype = np.dtype(_FLOAT[descr])
+    else:
+        if descr not in _UINT8:
+            raise RequestError("enqueue array", f"video frames must be uint8, the .npy declares dtype {descr!r}")
+        if len(shape) != 5 or 3 not in (shape[-1], shape[1]):
+            raise RequestError("enqueue array", f"video frames must have shape [B, T, H, W, 3] or [B, 3, T, H, W], the .npy declares {shape}")
+        b, t = shape[0], shape[1] if shape[-1] == 3 else shape[2]
+        h, w = (shape[2], shape[3]) if shape[-1] == 3 else (shape[3], shape[4])
+        limits.check_source(w, h, "enqueue frames")
+        frames, dtype = t, np.dtype(np.uint8)
+    if b < 1 or t < 1:
+        raise RequestError("enqueue array", f"holds no video (shape {shape})")
+    if frames > limits.max_context_samples * 64:  # far more frames than any context and candidate can use
+        raise RequestError("enqueue array", f"decodes to {frames} frames per video; at most {limits.max_context_samples * 64} are taken", 413, "too_large")
+    declared = math.prod(shape) * dtype.itemsize
+    body = len(view) - offset
+    if declared != body:
+        raise RequestError("enqueue array", f"the .npy declares shape {shape} ({declared} bytes) but carries {body} bytes")
+    arr = np.frombuffer(view, dtype=dtype, count=math.prod(shape), offset=offset)
+    return arr.reshape(shape, order="F" if fortran else "C")
+
+
+def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
+    """An enqueue body, refused with a 400 (``RequestError``) naming what is wrong before anything is decoded."""
+    head, tail = _split(raw)
+    payload = parse_json(head, max(1, limits.max_request_items), "enqueue JSON")
+    if not isinstance(payload, dict):
+        raise RequestError("enqueue JSON", "must be an object with prompts, reward_fn and video_infos")
+    prompts = payload.get("prompts")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise RequestError("enqueue JSON 'prompts'", "must be a non-empty list of strings, one per video")
+    if len(prompts) > limits.max_request_items:
+        raise RequestError("enqueue JSON 'prompts'", f"has {len(prompts)} videos; the limit is {limits.max_request_items} per request", 413, "too_large")
+    fns = payload.get("reward_fn", {"nvrm": 1.0})
+    if not isinstance(fns, dict) or not fns:
+        raise RequestError("enqueue JSON 'reward_fn'", "must be an object of reward name -> weight")
+    wanted = {k: v for k, v in fns.items() if not isinstance(v, (int, float)) or v > 0}
+    other = sorted(set(wanted) - set(REWARD_NAMES))
+    if other:
+        raise RequestError("enqueue JSON 'reward_fn'", f"asks for {', '.join(other)}; this server computes {', '.join(REWARD_NAMES)} (set reward_fn to 'nvrm')")
+    media = payload.get("media_type") or "latent"  # the legacy path sends none: latents
+    if media not in ("latent", "video"):
+        raise RequestError("enqueue JSON 'media_type'", f"is {media!r}; this server takes 'latent' (Wan2.1 latents) or 'video' (uint8 frames)")
+    if media == "latent" and not has_decoder:
+        raise RequestError("enqueue", "sends latents, and this server has no latent decoder; start it with --latent-decoder PATH (a Wan2.1 VAE), or send media_type 'video' with uint8 frames")
+    infos = payload.get("video_infos") or [{}] * len(prompts)
+    if not isinstance(infos, list) or len(infos) != len(prompts) or not all(isinstance(i, dict) for i in infos):
+        raise RequestError("enqueue JSON 'video_infos'", f"must be a list of {len(prompts)} objects, one per video")
+    fps = []
+    for i, info in enumerate(infos):
+        f = info.get("video_fps", 16.0)
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not limits.min_fps <= f <= limits.max_fps:
+            raise RequestError(f"enqueue JSON 'video_infos'[{i}].video_fps", f"is {f!r}; a frame rate between {limits.min_fps} and {limits.max_fps} is needed")
+        fps.append(float(f))
+    sigma = payload.get("sigma_data", 1.0)
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (math.isfinite(sigma) and sigma > 0):
+        raise RequestError("enqueue JSON 'sigma_data'", f"is {sigma!r}; a positive number is needed")
+    array = _array(tail, media, limits)
+    if array.shape[0] != len(prompts):
+        raise RequestError("enqueue array", f"holds {array.shape[0]} videos for {len(prompts)} prompts")
+    return Enqueued(prompts, fps, media, array, {k: float(v) for k, v in wanted.items()}, float(sigma))
+
+
+def frames_view(frames: np.ndarray) -> np.ndarray:
+    """uint8 frames as [B, T, H, W, 3] (a [B, 3, T, H, W] array transposed)."""
+    return frames if frames.shape[-1] == 3 else frames.transpose(0, 2, 3, 4, 1)
+
+
+@dataclass
+class Rollouts:
+    """One enqueued job's outcome, kept until pulled (and then until its TTL)."""
+
+    rewards: list[float | None]
+    errors: dict[int, str]
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    decode_seconds: float | None = None
+
+    def answer(self, kind: str, fallback: float) -> dict[str, Any]:
+        """The pull answer: every key a list of B floats in request order; a failed item scores ``fallback``
+        and is named in ``errors`` (never a silent number)."""
+        filled = [fallback if r is None else float(r) for r in self.rewards]
+        return {
+            "scores": {key: filled for key in SCORE_KEYS},
+            "errors": [{"index": i, "error": self.errors[i]} for i in sorted(self.errors)],
+            "failed": sorted(self.errors),
+            "input_info": self.info,
+            "duration": f"{self.seconds:.3f}",
+            "decoded_duration": "N/A" if self.decode_seconds is None else f"{self.decode_seconds:.3f}",
+            "type": kind,
+        }
+

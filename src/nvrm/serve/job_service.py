@@ -1,0 +1,194 @@
+"""The service's asynchronous side: ``/v1/jobs`` and cosmos-rl's ``/api/reward/enqueue`` / ``pull``.
+
+A job is admitted like a request (its body and an upper bound of its frames reserved in the byte
+budget: decoded latents included) and then runs as a task while its submitter goes on; the
+reservation is held until it finishes. Items of cosmos-rl's B = 1 requests that share a prompt
+and a context (their conditioning frames, by content) reach the scheduler as items of one context,
+so a prompt's n rollouts share one prefill, as ``/v1`` requests do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+from ..clip import Clip
+from ..errors import RequestError
+from ..results import item_dict, one_line
+from .budget import frame_bytes
+from .cosmos import Rollouts, frames_view, parse_enqueue
+from .job_store import JobStore
+from .media import Media
+from .requests import Work, parse_work
+from .serving import Body, Reply, Serving
+
+ADMISSION_RETRY_S = 0.05
+"""How often a job waiting for room in the scheduler's queue tries again (an accepted job is never dropped)."""
+
+
+class JobService:
+    """Submit-and-fetch over ``serving``'s admission and scheduler."""
+
+    def __init__(self, serving: Serving):
+        self.serving = serving
+        c = serving.config
+        self.store = JobStore(max_jobs=c.max_jobs, ttl_s=c.job_ttl_s, max_result_bytes=int(c.max_job_results_mb * 1024 * 1024))
+        self.decoder = None
+        self._decode_lock = asyncio.Lock()
+
+    def install_decoder(self, device) -> None:
+        """Load ``--latent-decoder`` on the model's device (once the model is loaded)."""
+        if self.serving.config.latent_decoder:
+            from .latents import LatentDecoder
+
+            self.decoder = LatentDecoder(self.serving.config.latent_decoder, device)
+
+    # ------------------------------------------------------------ admission
+
+    def _refuse_if_full(self) -> Reply | None:
+        if (busy := self.serving.not_ready()) is not None:
+            return busy
+        why = self.store.room()
+        if why is not None:
+            self.serving.metrics.rejected.labels(reason="jobs_full").inc()
+            return Reply.error(503, "overloaded", why, {"Retry-After": "1"})
+        return None
+
+    async def _start(self, kind: str, need: int, run, **extra) -> Reply:
+        """Run ``run()`` as a job holding ``need`` bytes of the budget until it finishes."""
+        budget = self.serving.budget
+        if need > budget.max_bytes:
+            return Reply.error(413, "too_large", f"job: it needs up to {need} bytes, more than --max-inflight-mb allows ({budget.max_bytes})")
+        if not budget.try_reserve(need):
+            return self.serving.overloaded("job")
+        job = self.store.start(kind, run, on_done=lambda: budget.release(need), **extra)
+        return Reply(200, {"uuid": job.id} if kind == "cosmos" else {"id": job.id, "status": "pending"})
+
+    async def _admitted_results(self, work: Work) -> Any:
+        """The work's results, waiting (not failing) while the scheduler's queue is full."""
+        while True:
+            results = await self.serving.results(work)
+            if not (isinstance(results, Reply) and results.status == 503 and results.body["error"]["code"] == "overloaded"):
+                return results
+            await asyncio.sleep(ADMISSION_RETRY_S)
+
+    # ------------------------------------------------------------ nvrm's own jobs
+
+    async def submit(self, kind: str, body: Body) -> Reply:
+        """``POST /v1/jobs/score`` or ``/v1/jobs/score_group``: the request of ``/v1/score`` (``/v1/score_group``), run as a job."""
+        if (full := self._refuse_if_full()) is not None:
+            return full
+
+        async def parsed(raw: bytes, reserved: int) -> Reply:
+            work = await asyncio.to_thread(parse_work, self.serving, raw, body.content_type, kind)
+
+            async def run() -> Reply:
+                results = await self._admitted_results(work)
+                return results if isinstance(results, Reply) else self._answer(results)
+
+            return await self._start("v1", reserved + work.prepared_bytes, run)
+
+        return await self.serving.with_body(body, "job body", parsed)
+
+    def _answer(self, results: list[Any]) -> Reply:
+        m = self.serving.model
+        body = {"results": [item_dict(r) for r in results], "model": {"revision": m.revision, "path": str(m.path) if m.path else None},
+                "contract": m.fingerprint, "replica": self.serving.replica}
+        return Reply(200, body)
+
+    def fetch(self, job_id: str) -> Reply:
+        """``GET /v1/jobs/{id}``: 202 while it runs, then its answer (the body of ``/v1/score``), 404 once unknown."""
+        job = self.store.get(job_id)
+        if job is None or job.kind != "v1":
+            return Reply.error(404, "job_unknown", f"job {job_id[:32]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
+        if not job.done:
+            return Reply(202, {"id": job.id, "status": "pending"}, {"Retry-After": "1"})
+        result = job.result
+        if isinstance(result, Reply):
+            body = result.body if result.status == 200 else {"error": result.body.get("error")}
+            return Reply(200, {"id": job.id, "status": "done" if result.status == 200 else "failed", **body})
+        return Reply(200, {"id": job.id, "status": "failed", "error": {"code": "internal", "message": one_line(result)}})
+
+    # ------------------------------------------------------------ cosmos-rl
+
+    async def enqueue(self, body: Body) -> Reply:
+        """``POST /api/reward/enqueue``: a cosmos-rl rollout body, checked before any decoding, run as a job."""
+        if (full := self._refuse_if_full()) is not None:
+            return full
+        s = self.serving
+
+        async def parsed(raw: bytes, reserved: int) -> Reply:
+            req = await asyncio.to_thread(parse_enqueue, raw, s.model.limits, has_decoder=self.decoder is not None)
+            need = reserved + req.decoded_bytes() + self._frames_bound(req)
+            started = time.perf_counter()
+            return await self._start("cosmos", need, lambda: self._score_rollouts(req, started), prompts=req.batch)
+
+        return await s.with_body(body, "enqueue body", parsed)
+
+    def _frames_bound(self, req) -> int:
+        """An upper bound of the prepared frames of ``req``'s rollouts: each its context frames and its candidate's."""
+        model = self.serving.model
+        contexts = min(self.serving.config.context_frames, model.limits.max_context_samples)
+        return req.batch * (contexts + model.contract.candidate_frames) * frame_bytes(model.contract, model.engine.codec is not None)
+
+    async def _score_rollouts(self, req, started: float) -> Rollouts:
+        s, c = self.serving, self.serving.config
+        decode_s = None
+        if req.media == "latent":
+            async with self._decode_lock:  # one decode at a time: it fills the device (or every core)
+                frames, decode_s = await asyncio.to_thread(self.decoder.decode, req.array, req.sigma_data)
+        else:
+            frames = frames_view(req.array)
+        items, errors = [], {}
+        for i, (prompt, fps) in enumerate(zip(req.prompts, req.fps)):
+            video = frames[i]
+            n = c.context_frames
+            if n >= len(video):
+                errors[i] = f"video {i}: {len(video)} frames, all of them context (--context-frames {n}); no candidate is left"
+                continue
+            items.append((i, prompt, self._context_media(video[:n], fps), Media(Clip(video[n:], fps, name=f"video {i}"), "")))
+        work = Work("score", False, items=[(p, ctx, cand) for _, p, ctx, cand in items])
+        results = await self._admitted_results(work) if items else []
+        rewards: list[float | None] = [None] * req.batch
+        off: list[list[str]] = [[] for _ in range(req.batch)]
+        if isinstance(results, Reply):  # refused as a whole (shutting down): every item says why
+            results = [RequestError("job", results.body["error"]["message"])] * len(items)
+        for (i, *_), r in zip(items, results):
+            if isinstance(r, BaseException):
+                errors[i] = one_line(r)
+            else:
+                rewards[i] = r.reward
+                off[i] = list(r.off_contract)
+        info = {"shape": list(req.array.shape), "dtype": str(req.array.dtype), "media_type": req.media, "context_frames": c.context_frames,
+                "video_fps": req.fps, "off_contract": off, "model_revision": s.model.revision, "contract": s.model.fingerprint}
+        return Rollouts(rewards, errors, info, time.perf_counter() - started, decode_s)
+
+    @staticmethod
+    def _context_media(frames, fps: float) -> Media:
+        """The rollout's conditioning frames, keyed by content: a prompt's n rollouts share them, and one prefill."""
+        if len(frames) == 0:
+            return Media(None, "none")  # text-to-world: the no_context opt-in decides
+        h = hashlib.sha256(f"cosmos|{frames.shape}|{fps!r}|".encode())
+        h.update(frames.tobytes())
+        return Media(Clip(frames, fps, name="conditioning frames"), "frames:" + h.hexdigest())
+
+    def pull(self, job_id: str, kind: str) -> Reply:
+        """``POST /api/reward/pull``: 425 while the job runs, its scores once done, 404 for an unknown or expired uuid."""
+        job = self.store.get(job_id)
+        if job is None or job.kind != "cosmos":
+            return Reply.error(404, "job_unknown", f"uuid {job_id[:40]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
+        if kind and kind not in ("nvrm",):
+            return Reply.error(400, "bad_request", f"type {kind!r} was not computed; this server computes 'nvrm' (set the reward_fn name to nvrm)")
+        if not job.done:
+            return Reply.error(425, "not_ready", "the rewards are not ready yet; pull again", {"Retry-After": "1"})
+        result = job.result
+        if not isinstance(result, Rollouts):  # the job failed as a whole: every item says why, none is lost
+            n = job.extra.get("prompts", 1)
+            result = Rollouts([None] * n, {i: one_line(result) for i in range(n)})
+        return Reply(200, result.answer(kind or "nvrm", self.serving.config.cosmos_fallback_score))
+
+    def ping(self) -> Reply:
+        return Reply(200, {"status": "ok", "ready": self.serving.model is not None, "jobs": len(self.store), "pending": self.store.pending})
+

@@ -1,0 +1,124 @@
+"""Asynchronous jobs: submit now, fetch the result later (nvrm's ``/v1/jobs`` and cosmos-rl's enqueue/pull).
+
+Trainers avoid stalling on reward latency by sending each rollout as it finishes and collecting
+the rewards later. A job is accepted only when it fits (its bytes reserved in the service's
+budget until it finishes, and room in the store): otherwise 503 with the reason, never a silent
+drop. An accepted job always ends with a result (its items' rewards or errors), which is kept
+for ``ttl_s`` seconds after it finished, however often it is fetched. The store is bounded in
+entries and in the bytes of the results it keeps; only finished jobs are ever evicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+
+@dataclass
+class Job:
+    """One submitted job."""
+
+    id: str
+    kind: str
+    created: float
+    task: "asyncio.Task | None" = None
+    result: Any = None
+    """What the job produced (set when it finishes)."""
+    finished: float | None = None
+    size: int = 0
+    """Bytes its result takes in the store (its JSON)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+
+class JobStore:
+    """Jobs by id: at most ``max_jobs`` of them and ``max_result_bytes`` of results; finished ones live ``ttl_s``."""
+
+    def __init__(self, *, max_jobs: int, ttl_s: float, max_result_bytes: int, clock: Callable[[], float] = time.monotonic):
+        self.max_jobs = max_jobs
+        self.ttl_s = ttl_s
+        self.max_result_bytes = max_result_bytes
+        self.clock = clock
+        self._jobs: dict[str, Job] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    @property
+    def pending(self) -> int:
+        return sum(1 for j in self._jobs.values() if not j.done)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def room(self) -> str | None:
+        """Why no job can be accepted now (None when one can)."""
+        self.expire()
+        if len(self._jobs) < self.max_jobs:
+            return None
+        return f"the job store is full ({len(self._jobs)} jobs, {self.pending} still running; --max-jobs {self.max_jobs}); fetch results or retry shortly"
+
+    def start(self, kind: str, work: Callable[[], Awaitable[Any]], *, on_done: Callable[[], None] | None = None, **extra: Any) -> Job:
+        """Run ``work()`` as a job now; the caller has checked ``room()``."""
+        job = Job(uuid.uuid4().hex, kind, self.clock(), extra=extra)
+        self._jobs[job.id] = job
+
+        async def run() -> None:
+            try:
+                result = await work()
+            except Exception as e:  # noqa: BLE001 - a job always ends with a result
+                from ..errors import InternalError
+
+                result = InternalError.wrap(e)
+            finally:
+                if on_done is not None:
+                    on_done()
+            self._finish(job, result)
+
+        job.task = asyncio.get_running_loop().create_task(run())
+        return job
+
+    def _finish(self, job: Job, result: Any) -> None:
+        job.result = result
+        job.finished = self.clock()
+        try:
+            job.size = len(json.dumps(result, default=str))
+        except (TypeError, ValueError):
+            job.size = 256
+        self._bytes += job.size
+        self.expire()
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None when unknown or expired."""
+        self.expire()
+        return self._jobs.get(job_id)
+
+    def expire(self) -> None:
+        """Drop finished jobs past their TTL, then the oldest finished ones while over the byte bound."""
+        now = self.clock()
+        for jid in [j.id for j in self._jobs.values() if j.done and now - j.finished > self.ttl_s]:  # type: ignore[operator]
+            self._drop(jid)
+        if self._bytes > self.max_result_bytes:
+            for job in sorted((j for j in self._jobs.values() if j.done), key=lambda j: j.finished):
+                if self._bytes <= self.max_result_bytes:
+                    break
+                self._drop(job.id)
+
+    def _drop(self, job_id: str) -> None:
+        job = self._jobs.pop(job_id, None)
+        if job is not None:
+            self._bytes -= job.size
+
+    def cancel_all(self) -> None:
+        for job in self._jobs.values():
+            if job.task is not None and not job.task.done():
+                job.task.cancel()
