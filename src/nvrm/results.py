@@ -87,6 +87,7 @@ def result_row(row: Any, index: int, result: "ScoreResult | BaseException", meta
         "contract": meta["contract"],
         "model_revision": meta["model_revision"],
         "off_contract": None,
+        "input_key": row.input_key(index) if hasattr(row, "input_key") else None,
     }
     if isinstance(result, BaseException):
         out["error"] = one_line(result)

@@ -27,7 +27,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("probe", "score candidates under a battery of perturbations and flag potential reward hacks", probe.add_args, probe.run),
     ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
     ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),
-    ("prefs", "preference data: filter judgments into pairs, or write the synthetic task", prefs.add_prefs_args, None),
+    ("prefs", "preference data: pairs from rollouts, judgments, filtering, the synthetic task, a prepared store", prefs.add_prefs_args, None),
     ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
     ("bench", "benchmark naive vs batch vs group scoring", bench.add_args, bench.run),
 ]

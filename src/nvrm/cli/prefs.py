@@ -1,4 +1,4 @@
-"""nvrm prefs: filter judgments into preference pairs, write the synthetic task, or prepare a store for training."""
+"""nvrm prefs: pairs to judge, judgments, filtered preference pairs, the synthetic task, or a prepared store for training."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from ..errors import InputError
 
 
 def add_prefs_args(p: argparse.ArgumentParser) -> None:
-    """Flags of ``nvrm prefs``: the ``filter``, ``synth`` and ``prepare`` subcommands."""
+    """Flags of ``nvrm prefs``: the ``pairs``, ``judge``, ``filter``, ``synth`` and ``prepare`` subcommands."""
     sub = p.add_subparsers(dest="prefs_command", required=True, metavar="ACTION")
     f = sub.add_parser("filter", help="judgments -> order-consistent, acyclic, de-duplicated pairs")
     f.add_argument("--input", required=True, help="judgments.jsonl: prompt, context, first, second, winner (first|second|tie)")
     f.add_argument("--output", required=True, help="pairs.jsonl to write")
     f.add_argument("--removed", help="also write every removed judgment/pair with its reason (JSONL)")
+    f.add_argument("--require-judges", type=int, default=1, metavar="N",
+                   help="keep a pair only when at least N judges judged it in both orders (and every judgment agrees)")
     f.set_defaults(run=run_filter)
     s = sub.add_parser("synth", help="write the synthetic moving-square preference task")
     s.add_argument("--out", required=True, help="folder for clips/, train_pairs.jsonl, eval_pairs.jsonl")
@@ -26,6 +28,10 @@ def add_prefs_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--variants", help="comma-separated rejected kinds to write (default: all of them; see prefs/synthetic.py)")
     s.set_defaults(run=run_synth)
     add_prepare_args(sub.add_parser("prepare", help="run every video of pairs files once through the contract into a prepared-input store (for nvrm train --store)"))
+    from .judge import add_judge_args, add_pairs_args
+
+    add_pairs_args(sub.add_parser("pairs", help="rollouts (N candidates per context) -> the pairs to judge: all, k per context, or the least certain"))
+    add_judge_args(sub.add_parser("judge", help="ask vision-language judges (or a reward model) about every pair in both orders: judgments for filter"))
 
 
 def add_prepare_args(p: argparse.ArgumentParser) -> None:
@@ -108,7 +114,9 @@ def run_filter(args: argparse.Namespace) -> int:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             rows.append({"_line": n, "_error": f"not valid JSON ({e.msg})"})
-    result = filter_judgments(rows)
+    if args.require_judges < 1:
+        raise InputError(f"--require-judges {args.require_judges}", "must be at least 1")
+    result = filter_judgments(rows, require_judges=args.require_judges)
     Path(args.output).write_text("".join(json.dumps(p) + "\n" for p in result.pairs))
     if args.removed:
         Path(args.removed).write_text(
@@ -116,7 +124,7 @@ def run_filter(args: argparse.Namespace) -> int:
         )
     counts = result.counts()
     print(f"nvrm prefs filter: {result.judgments} judgments -> {len(result.pairs)} pairs written to {args.output}")
-    for reason in ("malformed", "duplicate", "one_order_only", "inconsistent", "cycle"):
+    for reason in ("unjudged", "malformed", "duplicate", "one_order_only", "too_few_judges", "inconsistent", "judges_disagree", "cycle"):
         if counts.get(reason):
             print(f"  removed {counts[reason]:>6} {reason.replace('_', ' ')}")
     for r in result.removed[:20]:

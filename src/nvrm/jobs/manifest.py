@@ -15,7 +15,9 @@ as errors, so nothing is silently dropped.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -41,9 +43,17 @@ class ManifestRow:
     """Candidate paths as written in the manifest (reported in the output)."""
     group: bool
     """Whether the line used ``candidates`` (a group)."""
+    input_keys: tuple[str, ...] = ()
+    """Each row's ``input_key`` when already worked out (a Ray task, whose inputs are prepared videos by then)."""
 
     def keys(self) -> list[Key]:
         return [(self.id, i) for i in range(len(self.candidates))]
+
+    def input_key(self, index: int) -> str:
+        """What row ``index`` scores: its prompt, context and candidate, and the two files' size and mtime."""
+        if self.input_keys:
+            return self.input_keys[index]
+        return _digest("row", self.prompt, _identity(self.context), _identity(self.candidates[index]))
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,22 @@ class RowProblem:
 
     def keys(self) -> list[Key]:
         return [(self.id, i) for i in range(self.n_candidates)]
+
+    def input_key(self, index: int) -> str:
+        return _digest("problem", self.message, self.labels[index] if index < len(self.labels) else "")
+
+
+def _identity(path: str) -> str:
+    """A file as a row's content: its path with its size and modification time (not its bytes: thousands of clips are stat'ed, not read)."""
+    try:
+        st = os.stat(path)
+        return f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        return f"{path}|missing"
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -141,6 +167,51 @@ def read_job_manifest(path: str | Path) -> list[ManifestRow | RowProblem]:
             )
         seen[r.id] = r.line
     return rows
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """Rows of an existing output that no longer match the manifest (``--resume``)."""
+
+    changed: tuple[Key, ...]
+    """The manifest row's prompt, context or candidate (or a file's size or mtime) differs: scored again."""
+    removed: tuple[Key, ...]
+    """No such (id, candidate index) in the manifest any more: dropped from the output."""
+
+    @property
+    def keys(self) -> set[Key]:
+        return set(self.changed) | set(self.removed)
+
+    def lines(self) -> list[str]:
+        """What resume does about them, for the user (empty when nothing is stale)."""
+        def names(keys: tuple[Key, ...]) -> str:
+            shown = ", ".join(f"{i}[{k}]" for i, k in keys[:8])
+            return shown + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+
+        out = []
+        if self.changed:
+            out.append(f"{len(self.changed)} row(s) changed in the manifest since they were scored, scored again: {names(self.changed)}")
+        if self.removed:
+            out.append(f"{len(self.removed)} row(s) no longer in the manifest, removed from the output: {names(self.removed)}")
+        return out
+
+
+def stale(rows: list[ManifestRow | RowProblem], existing: list[dict]) -> Staleness:
+    """Which ``existing`` output rows the manifest no longer describes. Rows written before outputs had an
+    ``input_key`` are compared by their candidate as written."""
+    by_id = {r.id: r for r in rows}
+    changed, removed = [], []
+    for out in existing:
+        key = (str(out["id"]), int(out["candidate_index"]))
+        row = by_id.get(key[0])
+        if row is None or not 0 <= key[1] < len(row.keys()):
+            removed.append(key)
+        elif out.get("input_key") is not None:
+            if out["input_key"] != row.input_key(key[1]):
+                changed.append(key)
+        elif key[1] < len(row.labels) and out.get("candidate") not in (None, row.labels[key[1]]):
+            changed.append(key)
+    return Staleness(tuple(changed), tuple(removed))
 
 
 def pending(rows: list[ManifestRow | RowProblem], done: set[Key]) -> tuple[list[Unit], int]:

@@ -50,6 +50,7 @@ def unit_record(u) -> dict[str, Any]:
         "candidates": list(getattr(r, "candidates", ())),
         "group": bool(getattr(r, "group", False)),
         "line": r.line,
+        "input_keys": [r.input_key(i) for i in range(len(r.keys()))],  # of the files, before they become prepared videos
     }
     return rec
 
@@ -153,7 +154,8 @@ def _unit_from(rec: dict[str, Any]) -> Unit:
         for i, p in zip(indices, rec["prepared"]):
             if not p["error"]:
                 candidates[i] = _video_from(p["ok"])
-    row = ManifestRow(int(rec["line"]), str(rec["id"]), str(rec["prompt"]), context, tuple(candidates), labels, bool(rec["group"]))
+    row = ManifestRow(int(rec["line"]), str(rec["id"]), str(rec["prompt"]), context, tuple(candidates), labels, bool(rec["group"]),
+                      tuple(str(k) for k in rec["input_keys"]))
     return Unit(row, indices)
 
 

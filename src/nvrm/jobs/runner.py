@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence, TextIO
 from ..errors import ConfigError, InternalError, NvrmError
 from ..cli.fields import meta
 from ..results import result_row
-from .manifest import RowProblem, Unit, pending, read_job_manifest
+from .manifest import RowProblem, Unit, pending, read_job_manifest, stale
 from .sink import open_sink
 
 log = logging.getLogger(__name__)
@@ -70,13 +70,19 @@ class BatchSummary:
     """Scored rows whose reward used an off-contract opt-in (their rows list why)."""
     internal: int = 0
     """Failed rows whose cause was not their input (``internal error``: out of memory, a crash)."""
+    changed: int = 0
+    """Rows of the output whose manifest row changed since (``--resume``): scored again, counted in ``rows``."""
+    removed: int = 0
+    """Rows of the output no longer in the manifest (``--resume``): removed from it."""
 
     def line(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         off = f" ({self.off_contract} off-contract: see each row's off_contract)" if self.off_contract else ""
         internal = f" ({self.internal} for internal reasons, not their input: see their error)" if self.internal else ""
+        stale = f" ({self.changed} of them changed in the manifest)" if self.changed else ""
+        removed = f", removed {self.removed} no longer in the manifest" if self.removed else ""
         return (
-            f"scored {self.scored}{off}, failed {self.failed}{internal}, skipped {self.skipped} already in the output; "
+            f"scored {self.scored}{off}, failed {self.failed}{internal}{stale}, skipped {self.skipped} already in the output{removed}; "
             f"{self.rows} rows in {self.seconds:.1f} s ({rate:.2f} rows/s) -> {self.output}"
         )
 
@@ -231,6 +237,10 @@ def run(
     rows = read_job_manifest(manifest)
     sink = open_sink(output, resume=resume, overwrite=overwrite, manifest=manifest)
     try:
+        staleness = stale(rows, sink.rows)
+        sink.drop(staleness.keys)
+        for line in staleness.lines():
+            print(f"nvrm batch --resume: {line}", file=progress or sys.stderr)
         units, skipped = pending(rows, sink.done)
         bar = Progress(sum(len(u.indices) for u in units), progress)
         tally = Tally(sink, bar, flush_every)
@@ -247,4 +257,5 @@ def run(
         sink.finish()
     finally:
         sink.close()
-    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, time.perf_counter() - t0, str(output), tally.off_contract, tally.internal)
+    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, time.perf_counter() - t0, str(output), tally.off_contract, tally.internal,
+                        len(staleness.changed), len(staleness.removed))

@@ -9,23 +9,24 @@ output never has missing, duplicated or torn rows.
 ``.parquet`` the journal is ``OUTPUT.journal.jsonl``; when the job finishes
 the final file is written to a temporary name and renamed into place, and the
 journal is removed. Resuming a finished CSV/Parquet job reads its keys back
-from the final file.
+from the final file. The journal is locked while a run writes it: a second run
+on the same output is refused, naming the process that holds it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import InputError, OutputError
+from .journal import Journal, fsync_dir
 from .manifest import Key
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("id", "candidate_index", "candidate", "reward", "error", "num_tokens", "contract", "model_revision", "off_contract")
+COLUMNS = ("id", "candidate_index", "candidate", "reward", "error", "num_tokens", "contract", "model_revision", "off_contract", "input_key")
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -36,41 +37,16 @@ def output_format(path: Path) -> str:
     return fmt
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _batch_row(n: int, row: Any) -> str | None:
+    if not isinstance(row, dict) or "id" not in row or "candidate_index" not in row:
+        return "is not an nvrm batch row (needs id and candidate_index)"
+    return None
 
 
 def repair_journal(path: Path) -> list[dict[str, Any]]:
-    """Rows of a journal, cutting off a torn last line in place."""
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - end)
-        with path.open("r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
-    rows = []
-    for n, line in enumerate(data[:end].splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(str(path), f"line {n} is not valid JSON ({e.msg}); it was not written by nvrm batch") from e
-        if not isinstance(row, dict) or "id" not in row or "candidate_index" not in row:
-            raise InputError(str(path), f"line {n} is not an nvrm batch row (needs id and candidate_index)")
-        rows.append(row)
-    return rows
+    """Rows of a batch journal, cutting off a torn last line in place (under the output's lock)."""
+    with Journal(path) as journal:
+        return journal.rows(_batch_row)
 
 
 def read_final(path: Path, fmt: str) -> list[dict[str, Any]]:
@@ -78,7 +54,8 @@ def read_final(path: Path, fmt: str) -> list[dict[str, Any]]:
     if fmt == "csv":
         import pyarrow.csv as pcsv
 
-        types = {"id": "string", "candidate": "string", "error": "string", "contract": "string", "model_revision": "string"}
+        types = {"id": "string", "candidate": "string", "error": "string", "contract": "string", "model_revision": "string", "off_contract": "string",
+                 "input_key": "string"}
         options = pcsv.ConvertOptions(column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=False)
         table = pcsv.read_csv(path, convert_options=options)
     else:
@@ -93,12 +70,14 @@ def key_of(row: dict[str, Any]) -> Key:
 
 
 class Sink:
-    """Appends rows durably; ``finish`` writes the final file for CSV/Parquet."""
+    """Appends rows durably to a locked journal; ``finish`` writes the final file for CSV/Parquet."""
 
-    def __init__(self, output: Path, fmt: str, journal: Path, rows: list[dict[str, Any]]):
+    def __init__(self, output: Path, fmt: str, journal: Journal, rows: list[dict[str, Any]]):
         self.output = output
         self.format = fmt
         self.journal = journal
+        self.rows = rows
+        """The rows already in the output when it was opened (``--resume``)."""
         self.done: set[Key] = set()
         dup = 0
         for r in rows:
@@ -106,14 +85,15 @@ class Sink:
             dup += k in self.done
             self.done.add(k)
         if dup:
-            raise InputError(str(journal), f"{dup} duplicated row(s) in the existing output; it was edited or not written by nvrm batch")
-        created = not journal.exists()
-        try:
-            self._fh = journal.open("ab")
-        except OSError as e:
-            raise OutputError(str(journal), e.strerror or type(e).__name__) from e
-        if created:
-            _fsync_dir(journal.parent)
+            raise InputError(str(journal.path), f"{dup} duplicated row(s) in the existing output; it was edited or not written by nvrm batch")
+
+    def drop(self, keys: set[Key]) -> None:
+        """Remove the rows of ``keys`` from the output (stale on resume), rewriting the journal in place."""
+        if not keys:
+            return
+        self.rows = [r for r in self.rows if key_of(r) not in keys]
+        self.done -= keys
+        self.journal.replace({c: r.get(c) for c in COLUMNS} for r in self.rows)
 
     def write(self, rows: Iterable[dict[str, Any]]) -> None:
         rows = list(rows)
@@ -122,15 +102,7 @@ class Sink:
             if k in self.done:  # a bug upstream must not duplicate a row
                 raise RuntimeError(f"row {k} written twice")
             self.done.add(k)
-        if not rows:
-            return
-        blob = "".join(json.dumps({c: r.get(c) for c in COLUMNS}, ensure_ascii=False) + "\n" for r in rows)
-        try:
-            self._fh.write(blob.encode("utf-8"))
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        except OSError as e:  # a torn last line is cut by --resume; the rows before it stay
-            raise OutputError(str(self.journal), e.strerror or type(e).__name__) from e
+        self.journal.append({c: r.get(c) for c in COLUMNS} for r in rows)
 
     def finish(self) -> None:
         try:
@@ -139,12 +111,12 @@ class Sink:
             raise OutputError(str(self.output), e.strerror or type(e).__name__) from e
 
     def _finish(self) -> None:
-        self._fh.close()
         if self.format == "jsonl":
+            self.journal.close()
             return
         import pyarrow as pa
 
-        rows = repair_journal(self.journal)
+        rows = self.journal.rows(_batch_row)
         schema = pa.schema(
             [
                 ("id", pa.string()),
@@ -156,6 +128,7 @@ class Sink:
                 ("contract", pa.string()),
                 ("model_revision", pa.string()),
                 ("off_contract", pa.string()),
+                ("input_key", pa.string()),
             ]
         )
         table = pa.Table.from_pylist([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema)
@@ -171,15 +144,12 @@ class Sink:
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self.output)
-        _fsync_dir(self.output.parent)
-        self.journal.unlink()
+        fsync_dir(self.output.parent)
+        self.journal.path.unlink()
+        self.journal.close()
 
     def close(self) -> None:
-        if not self._fh.closed:
-            try:
-                self._fh.close()
-            except OSError:  # already reported by the write that failed
-                pass
+        self.journal.close()
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -207,17 +177,18 @@ def open_sink(output: str | Path, *, resume: bool = False, overwrite: bool = Fal
     exists = output.exists() or journal.exists()
     if exists and not (resume or overwrite):
         raise InputError(str(output), "already exists; pass --resume to continue it or --overwrite to start again")
-    if overwrite:
-        for p in {output, journal}:
-            p.unlink(missing_ok=True)
-        return Sink(output, fmt, journal, [])
-    rows: list[dict[str, Any]] = []
-    if journal.exists():
-        rows = repair_journal(journal)
-    elif output.exists():  # a finished CSV/Parquet job: carry its rows into a new journal
-        rows = read_final(output, fmt)
-        with journal.open("wb") as f:
-            f.write("".join(json.dumps({c: r.get(c) for c in COLUMNS}) + "\n" for r in rows).encode())
-            f.flush()
-            os.fsync(f.fileno())
-    return Sink(output, fmt, journal, rows)
+    held = Journal(journal)  # locked before anything is read, cut or removed
+    try:
+        if overwrite:
+            held.replace([])
+            if output != journal:
+                output.unlink(missing_ok=True)
+            return Sink(output, fmt, held, [])
+        rows = held.rows(_batch_row)
+        if not rows and output != journal and output.exists():  # a finished CSV/Parquet job: carry its rows into the journal
+            rows = read_final(output, fmt)
+            held.replace({c: r.get(c) for c in COLUMNS} for r in rows)
+        return Sink(output, fmt, held, rows)
+    except BaseException:
+        held.close()
+        raise

@@ -1,0 +1,236 @@
+"""The judges ``nvrm prefs judge`` asks: vision-language models behind an OpenAI-compatible chat API, or nvrm itself.
+
+A judge is given as a spec (``--judge``):
+
+- ``http://host:8000/v1``: a chat-completions server (vLLM, SGLang, a hosted API, ``transformers serve``);
+- ``name=qwen,url=http://host:8000/v1,model=Qwen/Qwen3-VL-8B-Instruct,key_env=QWEN_KEY``: the same, named;
+- ``nvrm:PATH`` (a bundle, in process) or ``nvrm+http://host:8000`` (a running ``nvrm serve``): a reward
+  model as the judge, for auditing labels or self-training: the higher reward wins.
+
+A chat judge is asked for a structured verdict (``response_format`` with a JSON schema) where the
+server takes it (``structured=auto`` drops it for the run on the first server that refuses it), at
+temperature 0. Answers may come as JSON or as a server-sent event stream (``transformers serve``
+streams even when asked not to). 429, 5xx, timeouts and connection errors are retried with
+backoff (``Retry-After`` honoured). 401, 403, 404 and 405 say nothing about the pair (a wrong key,
+URL or model name): such judgments are not written, and ``--resume`` asks them again once fixed.
+Other 4xx are the pair's final answer (a failed row with the server's reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+from ..errors import ConfigError
+
+VERDICT_SCHEMA = {"type": "object", "properties": {"winner": {"type": "string", "enum": ["first", "second", "tie"]}}, "required": ["winner"],
+                  "additionalProperties": False}
+RETRY = {429, 500, 502, 503, 504}
+NOT_THIS_PAIR = {401, 403, 404, 405, 408}
+"""Answers about the server or the credentials, not the pair: not written as the pair's judgment."""
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """One judge, parsed from ``--judge``."""
+
+    name: str
+    kind: str
+    """``chat`` or ``nvrm``."""
+    url: str = ""
+    model: str = "default"
+    key_env: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, default_key_env: str | None = None) -> "JudgeSpec":
+        if text.startswith("nvrm:") and text[5:]:
+            return cls(f"nvrm:{Path(text[5:]).name or text[5:]}", "nvrm", path=text[5:])
+        if text.startswith("nvrm+http"):
+            return cls(f"nvrm@{urlparse(text[5:]).netloc}", "nvrm", url=text[5:], key_env=default_key_env)
+        fields = {"url": text} if "=" not in text else dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+        unknown = sorted(set(fields) - {"name", "url", "model", "key_env"})
+        url = fields.get("url", "")
+        if unknown or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--judge {text}: give a chat server's URL (http://host:port/v1), name=...,url=...,model=...,key_env=..., nvrm:BUNDLE or nvrm+URL")
+        name = fields.get("name") or (urlparse(url).hostname or "judge") + (f":{urlparse(url).port}" if urlparse(url).port else "")
+        return cls(name, "chat", url.rstrip("/"), fields.get("model", "default"), fields.get("key_env") or default_key_env)
+
+
+@dataclass
+class Answer:
+    """What one request brought back."""
+
+    text: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    logprobs: Any = None
+    error: str | None = None
+    transient: bool = False
+    """The error may go away on another run (network, 429, 5xx, timeouts)."""
+    attempts: int = 0
+    seconds: float = 0.0
+
+
+def reachable(url: str, timeout: float = 5.0) -> str | None:
+    """Why the server at ``url`` cannot be reached (a TCP connection refused or timing out), or None."""
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+
+
+def _stream_text(body: str) -> tuple[str, dict, Any, str | None]:
+    """(text, usage, logprobs, error) of a server-sent event stream of chat chunks."""
+    text, usage, logprobs, error = "", {}, None, None
+    for line in body.splitlines():
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            break
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            error = error or f"an unreadable stream chunk: {payload[:80]!r}"
+            continue
+        if "error" in chunk:
+            error = str(chunk["error"])[:300]
+            continue
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            text += (choice.get("delta") or {}).get("content") or ""
+            if choice.get("logprobs"):
+                logprobs = choice["logprobs"]
+    return text, usage, logprobs, error
+
+
+class ChatJudge:
+    """Chat completions, retried; one ``ask`` per judgment."""
+
+    def __init__(self, spec: JudgeSpec, *, timeout_s: float, retries: int, structured: str = "auto", logprobs: bool = False,
+                 max_tokens: int = 64, concurrency: int = 4, http: httpx.AsyncClient | None = None):
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.structured = structured
+        self.logprobs = logprobs
+        self.max_tokens = max_tokens
+        key = os.environ.get(spec.key_env) if spec.key_env else None
+        if spec.key_env and not key:
+            raise ConfigError(f"judge {spec.name}: the environment variable {spec.key_env} (its API key) is empty or unset")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = http or httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+        self.notes: list[str] = []
+
+    def body(self, content: list[dict]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.spec.model, "messages": [{"role": "user", "content": content}], "max_tokens": self.max_tokens,
+                                "temperature": 0.0, "stream": False}
+        if self.structured in ("auto", "json_schema"):
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True}}
+        if self.logprobs:
+            body.update(logprobs=True, top_logprobs=5)
+        return body
+
+    async def ask(self, content: list[dict]) -> Answer:
+        out, t0, wait = Answer(), time.perf_counter(), 0.5
+        while True:
+            out.attempts += 1
+            body = self.body(content)
+            try:
+                r = await self.http.post(self.spec.url + "/chat/completions", json=body, headers=self.headers, timeout=self.timeout_s)
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                status, failure = None, f"{type(e).__name__}: {' '.join(str(e).split())[:200] or 'no answer'}"
+            else:
+                status = r.status_code
+                if status == 200:
+                    self._read(r, out)
+                    break
+                if status in (400, 422) and "response_format" in body and self.structured in ("auto", "none"):
+                    if self.structured == "auto":  # this server takes no response_format: a strict parser reads the answers
+                        self.structured = "none"
+                        self.notes.append(f"{self.spec.name}: the server refused response_format ({status}); answers are read with the strict parser")
+                    out.attempts -= 1
+                    continue
+                failure = f"the judge answered {status}: {' '.join(r.text.split())[:200]}"
+                if status not in RETRY:
+                    out.error = failure
+                    out.transient = status in NOT_THIS_PAIR  # the key, the URL or the model: fixed once, asked again by --resume
+                    break
+            if out.attempts > self.retries:
+                out.error, out.transient = f"{failure} (after {out.attempts} attempts)", True
+                break
+            retry_after = r.headers.get("retry-after", "") if status is not None else ""
+            await asyncio.sleep(min(30.0, float(retry_after)) if retry_after.replace(".", "", 1).isdigit() else wait * (0.5 + random.random()))
+            wait = min(8.0, wait * 2)
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    @staticmethod
+    def _read(r: httpx.Response, out: Answer) -> None:
+        if "text/event-stream" in r.headers.get("content-type", "") or r.text.lstrip().startswith("data:"):
+            out.text, out.usage, out.logprobs, error = _stream_text(r.text)
+            if error and not out.text:
+                out.error = f"the judge's stream carried an error: {error}"
+            return
+        try:
+            data = r.json()
+            choice = data["choices"][0]
+            out.text = (choice.get("message") or {}).get("content") or ""
+            out.usage = data.get("usage") or {}
+            out.logprobs = choice.get("logprobs")
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            out.error = f"the judge's answer is not a chat completion ({type(e).__name__}: {r.text[:120]!r})"
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class RewardJudge:
+    """nvrm as a judge: both continuations scored in one group (one prefill); the higher reward wins."""
+
+    def __init__(self, spec: JudgeSpec):
+        from ..rl.scorer import RewardSource
+
+        self.spec = spec
+        key = os.environ.get(spec.key_env) if spec.key_env else None
+        self.source = RewardSource(spec.path or spec.url, api_key=key)
+        self.notes: list[str] = []
+        self._local = asyncio.Lock() if not self.source.remote else None  # one forward at a time in this process
+
+    async def compare(self, prompt: str, context: str, first: str, second: str) -> Answer:
+        from ..errors import NvrmError, Unavailable
+
+        t0 = time.perf_counter()
+        try:
+            if self._local is not None:
+                async with self._local:
+                    results, _ = await asyncio.to_thread(self.source.score, [prompt, prompt], [context, context], [first, second])
+            else:
+                results, _ = await asyncio.to_thread(self.source.score, [prompt, prompt], [context, context], [first, second])
+        except NvrmError as e:
+            return Answer(error=str(e), transient=isinstance(e, Unavailable), seconds=time.perf_counter() - t0, attempts=1)
+        bad = [r for r in results if isinstance(r, BaseException)]
+        if bad:
+            return Answer(error=str(bad[0]), transient=isinstance(bad[0], Unavailable), seconds=time.perf_counter() - t0, attempts=1)
+        r1, r2 = results[0].reward, results[1].reward
+        winner = "first" if r1 > r2 else "second" if r2 > r1 else "tie"
+        raw = json.dumps({"winner": winner, "reward_first": r1, "reward_second": r2})
+        confidence = 1.0 / (1.0 + math.exp(-abs(r1 - r2)))
+        return Answer(text=raw, logprobs={"nvrm_confidence": confidence}, seconds=time.perf_counter() - t0, attempts=1)
+
+    async def close(self) -> None:
+        return None
