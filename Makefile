@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.nvrm-installed
 
-.PHONY: demo test fuzz test-trainers test-versions install system-deps bench clean
+.PHONY: demo test fuzz docs test-trainers test-versions install system-deps bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ test: $(STAMP) system-deps
 # Property-based sweeps over the request schema and the clip/fps/shape space (a few minutes).
 fuzz: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m fuzz $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs with the material theme) into build/site; make test builds it strictly too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # verl 0.9.1 in an environment of its own (its dependencies come from the registry, ~2 GB) calling
 # nvrm's verl functions through a server; set NVRM_VERL_ENV=DIR to keep and reuse that environment.

@@ -3,7 +3,7 @@
 #
 #   here:    bash benchmarks/fetch_wheels.sh        # once: the pinned wheels into .whl/ (git-ignored)
 #   device:  run(command="bash benchmarks/gpu.sh", carry=[".whl"], timeout_s=540)
-#   CPU dry run (no install, tiny model):  ARCH=tiny GS=2,4 NGROUPS=2 SIZE=96x128 OUT=/tmp/gpu-dry PY=.venv/bin/python bash benchmarks/gpu.sh
+#   CPU dry run (no install, tiny model):  ARCH=tiny GS=2,4 NGROUPS=2 SIZE=96x128 VAE=tiny LATENT=8x12 TRAIN_PAIRS=2 OUT=/tmp/gpu-dry PY=.venv/bin/python bash benchmarks/gpu.sh
 #
 # Every step writes its JSON under $OUT as soon as it finishes and has its own time limit,
 # so a step that runs long still leaves the others' results. The whole run, wheel install
@@ -70,6 +70,15 @@ step files 90 bench --workload files --arch "$ARCH" --groups 1,8 --contexts 10
 
 # 5b. the differentiable reward at G=8: forward vs forward+backward with and without checkpointing, peak memory
 step grad 90 bench --workload grad --arch "$ARCH" --G 8
+
+# 5c. training at the 4B shapes: optimizer steps with gradient checkpointing on and off, pairs/s and peak memory
+step train_step 150 bench --workload train-step --arch "$ARCH" --batch-pairs "${TRAIN_PAIRS:-4}" --steps 2
+
+# 5d. cosmos-rl's path: 8 B=1 latent rollouts enqueued and pulled against in-process Wan2.1 decode + score_group
+say "step cosmos (limit 150s)"
+timeout 150 "$PY" benchmarks/serve_load.py --arch "$ARCH" --cosmos-only --requests 8 --vae "${VAE:-wan}" --latent-size "${LATENT:-60x104}" \
+  --json "$OUT/cosmos.json" >"$OUT/cosmos.txt" 2>>"$LOG"
+say "step cosmos: exit $?"
 
 # 6. CUDA-only tests (pinned memory, attention choice, OOM split on the real allocator, fidelity on the device)
 say "step gpu tests"

@@ -18,7 +18,11 @@ Measured, each against real `nvrm serve` processes on loopback:
   group (8 candidates of 81 frames at 240x416, 16 fps) with the client's defaults
   (sampling before upload, contexts by hash) against whole uploads, with the
   rewards compared; 8 concurrent clients sharing one context against 8 with
-  distinct contexts; and the context-store hit rate over those runs.
+  distinct contexts; and the context-store hit rate over those runs;
+- cosmos-rl's path (``--cosmos``): a group of 8 B = 1 latent rollouts of one prompt, enqueued at
+  once and pulled until scored, against in-process decoding with the same Wan2.1 decoder plus
+  ``score_group`` on the same frames, with the decode's share (``--vae tiny`` builds a small random
+  AutoencoderKLWan, ``--vae wan`` one of the real Wan2.1 shape; ``--latent-size`` the latent h x w).
 Reports items/s, p50 and p99 latency per concurrency.
 """
 
@@ -240,6 +244,94 @@ def network(bundle: Path, tmp: Path) -> dict:
         s.stop()
 
 
+def random_vae(kind: str, folder: Path) -> Path:
+    """A random-weight AutoencoderKLWan in ``folder``: ``tiny`` (base_dim 8) or ``wan`` (the Wan2.1 shape)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
+                           temperal_downsample=[False, True, True]) if kind == "tiny" else AutoencoderKLWan()
+    vae.save_pretrained(str(folder))
+    return folder
+
+
+def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int, int], group: int = 8, rounds: int = 3) -> dict:
+    """Enqueue -> pull for ``group`` B = 1 latent rollouts of one prompt against in-process decode + score_group."""
+    import io
+
+    from nvrm import RewardModel
+    from nvrm.serve.latents import LatentDecoder
+
+    vae = random_vae(vae_kind, tmp / f"vae-{vae_kind}")
+    h, w = latent_hw
+    rng = np.random.default_rng(0)
+
+    def latents(round_: int) -> list[np.ndarray]:
+        z = rng.standard_normal((group, 16, 21, h, w)).astype(np.float16)  # 81 frames: 1 conditioning + 5 s at 16 fps
+        z[:, :, 0] = z[0, :, 0]  # one conditioning frame: the same decoded context for the group
+        return [z[i : i + 1] for i in range(group)]
+
+    def body(z: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, z)
+        meta = {"prompts": [PROMPT], "reward_fn": {"nvrm": 1.0}, "video_infos": [{"video_fps": 16.0}], "media_type": "latent"}
+        return json.dumps(meta).encode() + b"\n" + buf.getvalue()
+
+    model = RewardModel.from_pretrained(bundle)
+    decoder = LatentDecoder(vae, model.device)
+    in_process, in_decode = [], []
+    for r in range(rounds + 1):
+        zs = latents(r)
+        t = time.perf_counter()
+        decoded = [decoder.decode(z) for z in zs]
+        frames_ = [f[0] for f, _ in decoded]
+        model.score_group(PROMPT, Clip(frames_[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames_])
+        if r:  # the first round warms up
+            in_process.append(time.perf_counter() - t)
+            in_decode.append(sum(d for _, d in decoded))
+    model.close()
+    del model, decoder
+
+    s = Server(bundle, "--latent-decoder", str(vae), log_dir=tmp)
+    service, decode_s = [], []
+    try:
+        for r in range(rounds + 1):
+            bodies = [body(z) for z in latents(100 + r)]
+            uuids: list[str] = [""] * group
+            answers: list[dict] = [{}] * group
+
+            def one(i: int) -> None:
+                with httpx.Client(timeout=120) as c:
+                    uuids[i] = c.post(s.url + "/api/reward/enqueue", content=bodies[i], headers={"content-type": "application/octet-stream"}).json()["uuid"]
+                    while True:
+                        a = c.post(s.url + "/api/reward/pull", data={"uuid": uuids[i], "type": "nvrm"})
+                        if a.status_code != 425:
+                            answers[i] = a.json()
+                            return
+                        time.sleep(0.01)
+
+            t = time.perf_counter()
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(group)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            if r:
+                service.append(time.perf_counter() - t)
+                decode_s.append(sum(float(a.get("decoded_duration", 0) or 0) for a in answers))
+            assert all(not a.get("errors") for a in answers), answers
+    finally:
+        s.stop()
+    return {
+        "workload": f"{group} B=1 rollouts of one prompt: latents [1, 16, 21, {h}, {w}] (81 frames), {vae_kind} Wan2.1 VAE",
+        "enqueue_to_last_pull_s": min(service), "in_process_decode_plus_score_group_s": min(in_process),
+        "service_vs_in_process": min(in_process) / min(service),
+        "decode_share_service": min(decode_s) / min(service), "decode_share_in_process": min(in_decode) / min(in_process),
+        "runs": {"service": service, "in_process": in_process},
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--arch", default="mid", choices=["tiny", "deep", "mid", "4b"])
@@ -251,6 +343,10 @@ def main() -> None:
     p.add_argument("--transports", default="json,binary", help="comma-separated: json, binary")
     p.add_argument("--network", action="store_true", help="also the network path: upload bytes, shared vs distinct contexts, store hit rate")
     p.add_argument("--network-only", action="store_true", help="only the network path")
+    p.add_argument("--cosmos", action="store_true", help="also cosmos-rl's enqueue -> pull latency for a group of 8 latent rollouts")
+    p.add_argument("--cosmos-only", action="store_true", help="only cosmos-rl's path")
+    p.add_argument("--vae", choices=["tiny", "wan"], default="tiny", help="random Wan2.1 VAE of --cosmos: small, or the real shape (GPU)")
+    p.add_argument("--latent-size", default="8x12", help="latent h x w of --cosmos (60x104 is 480x832 video)")
     args = p.parse_args()
     transports = [t.strip() for t in args.transports.split(",")]
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -283,6 +379,12 @@ def main() -> None:
         "rows": [],
     }
     with tempfile.TemporaryDirectory(prefix="nvrm-serve-load-") as tmp:
+        if args.cosmos or args.cosmos_only:
+            hw = tuple(int(x) for x in args.latent_size.split("x"))
+            report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw)  # type: ignore[arg-type]
+            print(json.dumps(report["cosmos"], indent=1), flush=True)
+        if args.cosmos_only:
+            args.shared_only, args.no_shared = True, True
         if args.network or args.network_only:
             report["network"] = network(bundle, Path(tmp))
             print(json.dumps(report["network"], indent=1), flush=True)

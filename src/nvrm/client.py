@@ -119,8 +119,17 @@ class RewardClient:
                     # same contract code on both sides gives the same fingerprint
                     if "sampling" in c and contract.fingerprint == c["contract_fields_fingerprint"]:
                         self._sampling = (contract, contract.fingerprint)
-                except (ServiceError, KeyError, TypeError, ValueError):
+                except ServiceError as e:
+                    if e.status in (401, 403):  # a wrong key is the caller's to fix, not a server without a contract
+                        self._sampling = False
+                        raise
                     self._sampling = None
+                except (KeyError, TypeError, ValueError):
+                    self._sampling = None
+                if self._sampling and (bad := self._sampling[0].beyond_sane_limits()):
+                    self._sampling = False
+                    raise ServiceError(f"the server at {self.url} publishes a contract beyond sane limits ({', '.join(bad)}); "
+                                       "nothing is sampled by it: fix its bundle's nvrm_contract.json, or pass presample=False and context_refs=False")
         return self._sampling  # type: ignore[return-value]
 
     def _body(self, inline: bool = False) -> RequestBody:

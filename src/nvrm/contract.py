@@ -106,6 +106,14 @@ class Contract:
         if problems:
             raise ConfigError("invalid contract: " + "; ".join(problems))
 
+    def beyond_sane_limits(self) -> list[str]:
+        """Fields no real contract has (what a client checks before it samples by a contract a server published):
+        a hostile or broken server must not make a client decode a million frames a second."""
+        limits = {"sample_fps": (self.sample_fps, 60), "candidate_seconds": (self.candidate_seconds, 600), "resize_height": (self.resize_height, 4320),
+                  "max_pixels": (self.max_pixels, 4096 * 4096), "max_context_frames": (self.max_context_frames or 0, 7200),
+                  "patch_size": (self.patch_size, 64), "merge_size": (self.merge_size, 8), "max_jpeg_width": (self.max_jpeg_width, 65535)}
+        return [f"{name}={value!r} > {most}" for name, (value, most) in limits.items() if value > most]
+
     @property
     def resize_factor(self) -> int:
         """Side lengths are rounded to multiples of this (32 for Qwen3-VL)."""

@@ -96,3 +96,45 @@ def test_an_html_page_is_a_service_error():
             RewardClient(server.url, retries=0).info()
     finally:
         server.close()
+
+
+def test_a_published_contract_beyond_sane_limits_is_refused_in_one_line():
+    """Issue 33, item 4: a server publishing sample_fps = 1e6 with a matching fingerprint made the client
+    allocate 14 GiB for a 40-frame clip; it is refused before anything is sampled."""
+    import json
+
+    import numpy as np
+
+    from nvrm.clip import Clip
+    from nvrm.contract import Contract
+
+    c = Contract(sample_fps=1e6)
+    info = json.dumps({"contract": {"fields": c.to_dict(), "contract_fields_fingerprint": c.fingerprint, "fingerprint": "x", "sampling": {}}}).encode()
+    server = RawServer(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(info), lambda: iter([info]))
+    try:
+        client = RewardClient(server.url, timeout=5, retries=0)
+        clip = Clip(np.zeros((40, 64, 64, 3), np.uint8), 8.0)
+        for call in (lambda: client.upload_context(clip), lambda: client.score("p", clip, clip)):
+            with pytest.raises(ServiceError) as e:
+                call()
+            assert "publishes a contract beyond sane limits (sample_fps=1000000.0 > 60)" in str(e.value) and "\n" not in str(e.value)
+    finally:
+        server.close()
+
+
+def test_upload_context_with_a_wrong_key_says_401(model):
+    """Issue 33, item 13: a wrong API key was reported as "this server publishes no contract"."""
+    import numpy as np
+
+    from helpers import InProcessServer
+    from nvrm.clip import Clip
+
+    server = InProcessServer(model, api_key="right")
+    try:
+        client = server.client(api_key="wrong")
+        with pytest.raises(ServiceError) as e:
+            client.upload_context(Clip(np.zeros((16, 64, 64, 3), np.uint8), 8.0))
+        assert e.value.status == 401 and "publishes no contract" not in str(e.value)
+        assert server.client(api_key="right").upload_context(Clip(np.zeros((16, 64, 64, 3), np.uint8), 8.0))
+    finally:
+        server.stop()

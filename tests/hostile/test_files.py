@@ -146,3 +146,14 @@ def test_hashing_a_file_is_bounded_in_time(tmp_path, monkeypatch):
     monkeypatch.setattr(media, "FILE_READ_SECONDS", -1)  # a read that is already late: a stalled mount
     with pytest.raises(InputError, match="could not be read within -1 s"):
         media._file_key(str(path), "items[0].context")
+
+
+def test_relative_names_with_a_colon_are_files_not_protocols(model, clips, tmp_path, monkeypatch):
+    """Issue 33, item 20: take:1.mp4 and ./take:1.mp4 were refused as "Protocol not found"."""
+    import shutil
+
+    shutil.copy(clips["cand_a"], tmp_path / "take:1.mp4")
+    monkeypatch.chdir(tmp_path)
+    want = model.score("p", clips["context"], clips["cand_a"]).reward
+    for name in ("take:1.mp4", "./take:1.mp4", str(tmp_path / "take:1.mp4")):
+        assert model.score("p", clips["context"], name).reward == want

@@ -23,6 +23,13 @@ def read_config(bundle: Path):
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise BundleError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise BundleError(f"{path}: not a JSON object")
+    from .sizes import config_problems
+
+    problems = config_problems(raw)
+    if problems:
+        raise BundleError(f"{path}: {'; '.join(problems)}; this is not a Qwen3-VL config nvrm can build (fix config.json or re-download the bundle)")
     archs = raw.get("architectures") or []
     if raw.get("model_type") != "qwen3_vl" or not any(a in ACCEPTED_ARCHITECTURES for a in archs):
         raise BundleError(
@@ -30,6 +37,20 @@ def read_config(bundle: Path):
             f"got model_type={raw.get('model_type')!r}, architectures={archs}"
         )
     return Qwen3VLConfig.from_pretrained(str(bundle))
+
+
+def check_weight_shapes(bundle: Path) -> None:
+    """The config's sizes against the shapes the shards declare, before anything is built (a one-line ``BundleError``)."""
+    from .sizes import header_shapes, shape_problems
+
+    files = backbone_files(bundle)
+    try:
+        shapes = header_shapes(files)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise BundleError(f"{bundle}: a weight shard is not a readable safetensors file ({' '.join(str(e).split())})") from e
+    problems = shape_problems(json.loads((bundle / "config.json").read_text(encoding="utf-8")), shapes)
+    if problems:
+        raise BundleError(f"{bundle}: config.json does not describe these weights: {'; '.join(problems[:4])}")
 
 
 def backbone_files(bundle: Path) -> list[Path]:
@@ -79,6 +100,7 @@ def load_backbone(bundle: Path, config, dtype: torch.dtype, attn_implementation:
     from safetensors import safe_open
     from ..forward.compat import build_backbone
 
+    check_weight_shapes(bundle)
     with init_empty_weights(include_buffers=False):  # parameters on meta, rotary buffers real
         model = build_backbone(config, attn_implementation, dtype)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}

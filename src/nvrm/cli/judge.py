@@ -13,6 +13,7 @@ from ..errors import ConfigError, InputError
 
 
 def add_pairs_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm prefs pairs``: the rollouts, the output, the strategy and, for ``uncertain``, the model's."""
     from .model_flags import add_model_args
 
     p.add_argument("--rollouts", required=True, help="rollouts.jsonl: id, prompt, context, candidates (N videos per context)")
@@ -58,6 +59,7 @@ def run_pairs(args: argparse.Namespace) -> int:
 
 
 def add_judge_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm prefs judge``: pairs, output, judges, rubric, and one flag per ``RunSettings`` and ``JudgeContract`` field."""
     from ..prefs.judge_contract import JudgeContract
     from ..prefs.judging import RunSettings
     from .options import add_dataclass_args

@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(loader, config, on_fatal=on_fatal)
     state = app.state.nvrm
+    from ..serve.middleware import answer_overload_as_json
+
+    answer_overload_as_json()
     server = _server_class()(
         uvicorn.Config(
             app,

@@ -19,11 +19,16 @@ def add_verify_args(p: argparse.ArgumentParser) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     """Check every file of a bundle against its integrity manifest and print the result.
 
-    Returns 1 when the bundle has no manifest; a mismatch raises a ``BundleError`` (exit code 2)."""
+    Also checks the config's sizes against sane limits and the shards' declared shapes. Returns 1 when the
+    bundle has no manifest; a mismatch raises a ``BundleError`` (exit code 2)."""
     bundle = Path(args.bundle)
     if not bundle.is_dir():
         raise BundleError(f"{bundle}: no such bundle directory")
     report = verify_bundle(bundle, use_cache=not args.no_cache)
+    from ..bundle.load import check_weight_shapes, read_config
+
+    read_config(bundle)  # sizes within sane limits,
+    check_weight_shapes(bundle)  # and the ones the weights have: before anything is built
     if report.manifest is None:
         print(f"{bundle}: no manifest; nothing verified", file=sys.stderr)
         return 1

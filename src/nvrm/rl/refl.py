@@ -47,6 +47,7 @@ def refl_reward(model_or_path: Any, *, fps: float = 16.0, checkpointing: bool = 
             if c is None and not model.contract.no_context:
                 raise ConfigError(f"refl_reward: context {i} is None; pass the preceding video (or load the model with Contract(no_context=True))")
         out: list[Any] = [None] * n
+        flags: list[list[str]] = [[] for _ in range(n)]
         for idx in group_items(list(prompts), list(contexts)):
             try:
                 contiguous = idx == list(range(idx[0], idx[-1] + 1))  # a view, not a copy of whole videos
@@ -55,7 +56,10 @@ def refl_reward(model_or_path: Any, *, fps: float = 16.0, checkpointing: bool = 
                 raise RewardFnError({i: str(e) for i in idx}, n) from e
             for k, i in enumerate(idx):
                 out[i] = rewards[k]
+                flags[i] = list(scorer.off_contract[k])
+        fn.off_contract = flags  # type: ignore[attr-defined]
         return torch.stack(out)
 
     fn.scorer = scorer  # type: ignore[attr-defined]
+    fn.off_contract = []  # type: ignore[attr-defined]  # per video of the last call: the opt-ins its reward used
     return fn

@@ -22,6 +22,7 @@ Shapes: B candidates, T frames, n sampled frames, H x W source size, h x w contr
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections import OrderedDict
@@ -39,6 +40,9 @@ from ..forward.prefix import Prefix, prefill
 from ..video.inputs import PreparedVideo
 from ..video.frames import height_resized_width, prepare_frame
 from ..video.sampling import plan_candidate
+from .streaming import off_contract_reasons
+
+log = logging.getLogger(__name__)
 
 
 def as_videos(frames: Any) -> torch.Tensor:
@@ -53,6 +57,8 @@ def as_videos(frames: Any) -> torch.Tensor:
         videos = frames.permute(0, 1, 3, 4, 2)
     else:
         raise InputError("frames", f"have shape {tuple(frames.shape)}; pass [T, H, W, 3] or [B, T, C=3, H, W]")
+    if videos.shape[0] == 0:
+        raise InputError("frames", f"have shape {tuple(frames.shape)}: a batch of no candidates; pass at least one")
     if videos.shape[1] == 0 or videos.shape[2] == 0 or videos.shape[3] == 0:
         raise InputError("frames", f"have shape {tuple(frames.shape)}, with no frames or no pixels")
     # one reduction, no full-size temporaries (a [B, 81, 3, 480, 832] batch is 1.2 GB); a non-finite
@@ -100,8 +106,21 @@ class DifferentiableReward(torch.nn.Module):
         """Prepared contexts by key (a path's text, else the object's identity), the last few kept."""
         self._prefixes: OrderedDict[tuple, Prefix] = OrderedDict()
         """Prefilled prefixes by their token ids, the last few kept (each holds the context's KV)."""
-        for p in list(model.backbone.parameters()) + list(model.head.parameters()):
-            p.requires_grad_(False)  # the weights are constants here: no gradient, never modified
+        self.off_contract: list[tuple[str, ...]] = []
+        """Per candidate of the last call: the contract opt-ins its reward used (no context, a short
+        candidate), empty for a release-contract reward; each distinct reason is also logged once."""
+        self._reported: set[str] = set()
+        self._freeze(first=True)
+
+    def _freeze(self, first: bool = False) -> None:
+        """The weights are constants here: no gradient, never modified (again at every call, should a caller
+        have switched ``requires_grad`` on since)."""
+        thawed = [p for p in list(self.model.backbone.parameters()) + list(self.model.head.parameters()) if p.requires_grad]
+        if thawed and not first and "frozen" not in self._reported:
+            self._reported.add("frozen")
+            log.warning("the differentiable reward switched requires_grad off again on %d reward-model parameters: its weights get no gradient", len(thawed))
+        for p in thawed:
+            p.requires_grad_(False)
 
     def prepare_candidates(self, frames: Any, fps: float) -> tuple[torch.Tensor, list[PreparedVideo], Any]:
         """(the sampled frames [B, n, H, W, 3] with their graph, their exact contract forms, the plan)."""
@@ -144,8 +163,14 @@ class DifferentiableReward(torch.nn.Module):
     def forward(self, prompt: str, context: Any, frames: Any, *, fps: float) -> torch.Tensor:
         """Rewards [B] of the candidates ``frames`` (at ``fps``) after ``prompt`` and ``context``."""
         model = self.model
+        self._freeze()
         sampled, prepared, _ = self.prepare_candidates(frames, fps)
-        enc = model.engine.encode_group(prompt, self._context_of(context), prepared)
+        context_video = self._context_of(context)
+        self.off_contract = [off_contract_reasons(context_video, video, model.contract) for video in prepared]
+        for reason in sorted({r.split(":")[0] for rs in self.off_contract for r in rs} - self._reported):
+            self._reported.add(reason)
+            log.warning("differentiable reward: %s (off the release contract; see .off_contract)", reason)
+        enc = model.engine.encode_group(prompt, context_video, prepared)
         codec, device = model.engine.codec, model.runtime.device
         pixel_values = []
         for b, video in enumerate(prepared):

@@ -32,6 +32,7 @@ from ..forward.runtime import ForwardRuntime
 from ..results import ScoreResult
 from ..settings import LoadSettings
 from ..video.inputs import PreparedVideo
+from ..video.sampling import candidate_ticks
 from .items import Errors, GroupLike, ItemLike, as_group, as_item
 
 
@@ -68,6 +69,10 @@ def off_contract_reasons(context: PreparedVideo, candidate: PreparedVideo, contr
         reasons.append("no context")
     if len(candidate.times) < contract.candidate_frames:
         reasons.append(f"short candidate: {len(candidate.times)} of {contract.candidate_frames} frames")
+    half = 0.5 / contract.sample_fps + 1e-6  # a frame chosen for tick k lies within half a tick of it
+    off = [t for t, tick in zip(candidate.times, candidate_ticks(contract)) if abs(t - tick) > half]
+    if off:  # frames pre-sampled at other times, or a source too sparse to hold a frame near each tick
+        reasons.append(f"candidate frames off the {contract.sample_fps:g} FPS ticks (at {', '.join(f'{t:g}' for t in candidate.times)} s)")
     return tuple(reasons)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 
@@ -50,3 +51,27 @@ def install(app: FastAPI, *, api_key: str | None, metrics) -> None:
         metrics.requests.labels(endpoint=endpoint, code=str(response.status_code)).inc()
         metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - t)
         return response
+
+
+OVERLOADED = json.dumps(error_body("overloaded", "the server is at --max-connections (open connections and requests); retry after the Retry-After seconds")).encode()
+
+
+async def over_connection_limit(scope, receive, send) -> None:
+    """What a request past ``--max-connections`` gets: the JSON error body every other error has, with Retry-After."""
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(OVERLOADED)).encode()), (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": OVERLOADED, "more_body": False})
+
+
+def answer_overload_as_json() -> None:
+    """uvicorn answers past its ``limit_concurrency`` with a plain-text 503 from each HTTP protocol module's
+    ``service_unavailable``, looked up when the request arrives; nvrm's JSON answer takes its place there."""
+    import importlib
+
+    for name in ("h11_impl", "httptools_impl"):
+        try:
+            module = importlib.import_module(f"uvicorn.protocols.http.{name}")
+        except ImportError:  # httptools is optional
+            continue
+        if hasattr(module, "service_unavailable"):
+            module.service_unavailable = over_connection_limit

@@ -117,7 +117,7 @@ def _open(source: VideoSource, name: str) -> av.container.InputContainer:
             raise InputError(name, "is not a regular file (a FIFO, socket or device); pass a video file")
         if st.st_size == 0:
             raise InputError(name, "file is empty (0 bytes)")
-        handle = str(path)
+        handle = "file:" + str(path.absolute())  # a name with ':' (take:1.mp4) is not read as a protocol
     try:
         return av.open(handle, mode="r", container_options=open_options())
     except av.FFmpegError as e:
