@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..scoring.reward_model import RewardModel
     from ..serve.app import create_app
+    from ..serve.memory import tune
+
+    tune()  # before the model loads: large buffers mapped on their own, few arenas (nvrm.serve.memory)
 
     fatal: list[str] = []
     server: uvicorn.Server | None = None

@@ -5,8 +5,9 @@ A request reserves, before its body is read, the body's declared size (``content
 (``prepared_bytes``). It is answered 503 (``overloaded``, ``Retry-After``) when that does not fit in
 ``--max-inflight-mb``, and 413 when it could never fit. Everything is released when it is answered.
 
-For a file or encoded bytes, the frame count comes from the duration the container declares (a
-header that understates it is the one way past the bound; the decode limits still hold). So the
+For a file or encoded bytes, the frame count comes from the duration the container declares, plus
+the slack decoding allows (``decode.declared_bound``): a context with frames past it is refused as
+soon as the decoder reaches one, so a header that understates its video cannot pass the bound. So the
 service's resident memory stays within (README, "Limits"):
 
     idle process + max_inflight_mb + context_cache_mb + context_store_mb + prefix_cache_mb (CPU device)
@@ -31,10 +32,11 @@ from ..limits import Limits
 class ByteBudget:
     """Bytes reserved by requests in flight, at most ``max_bytes``."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, on_release=None):
         self.max_bytes = max_bytes
         self._used = 0
         self._lock = threading.Lock()
+        self._on_release = on_release or (lambda: None)
 
     @property
     def used(self) -> int:
@@ -50,6 +52,7 @@ class ByteBudget:
     def release(self, n: int) -> None:
         with self._lock:
             self._used = max(0, self._used - n)
+        self._on_release()
 
 
 def frame_bytes(contract: Contract, codec: bool) -> int:
@@ -71,12 +74,13 @@ def sampled_frames(value: Any, role: str, contract: Contract, limits: Limits) ->
         return min(len(value.frames), cap)
     if isinstance(value, Clip):
         return min(len(value), math.ceil(len(value) / value.fps * contract.sample_fps) + 1, cap)
-    from ..video.decode import declared_duration
+    from ..video.decode import declared_bound, declared_duration
 
     seconds = declared_duration(value)  # a file or encoded bytes: the header's word, else the cap
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return cap
-    return min(cap, math.ceil(seconds * contract.sample_fps) + 1)
+    # decoding refuses a context with a frame past declared_bound, so no more than this is ever sampled
+    return min(cap, math.ceil(declared_bound(seconds) * contract.sample_fps) + 1)
 
 
 def prepared_bytes(videos: list[tuple[Any, str, str]], contract: Contract, limits: Limits, codec: bool) -> int:

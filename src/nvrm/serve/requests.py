@@ -73,7 +73,9 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
                 held, size = stored(m, ref)
                 if state.store.put(ref, held, size):
                     state.metrics.context_kept.inc()
-            m = held
+            # this request scores its own frames (freed with its body) under the store's key: holding the
+            # store's copy instead would keep it alive, uncounted, once the store evicts it
+            m = Media(m.value, held.key)
         return m
 
     if kind == "score":

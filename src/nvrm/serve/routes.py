@@ -95,8 +95,12 @@ def install(app: FastAPI, serving: Serving, jobs: JobService) -> None:
         form = await request.form()
         return response(jobs.pull(str(form.get("uuid", "")), str(form.get("type", "") or "")))
 
-    @app.api_route("/api/reward/ping", methods=["GET", "POST"], summary="cosmos-rl: liveness of the reward service")
+    @app.get("/api/reward/ping", summary="cosmos-rl: liveness of the reward service")
     async def cosmos_ping():
+        return response(jobs.ping())
+
+    @app.post("/api/reward/ping", summary="cosmos-rl: liveness of the reward service (POST)")
+    async def cosmos_ping_post():
         return response(jobs.ping())
 
     scoring = (

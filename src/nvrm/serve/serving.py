@@ -27,6 +27,7 @@ from ..results import item_dict
 from .budget import ByteBudget
 from .config import ServeConfig
 from .contexts import ContextCache, ContextStore, PrefixCache
+from .memory import Trimmer
 from .metrics import Metrics
 from .requests import Work, parse_upload, parse_work
 from .scheduler import Scheduler
@@ -66,7 +67,9 @@ class Serving:
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
-        self.budget = ByteBudget(int(config.max_inflight_mb * 1024 * 1024))
+        # freed memory goes back to the system once nothing is in flight (nvrm.serve.memory)
+        self.trimmer = Trimmer(lambda: self.budget.used == 0)
+        self.budget = ByteBudget(int(config.max_inflight_mb * 1024 * 1024), on_release=self.trimmer.touch)
         self.metrics = Metrics(
             lambda: self.scheduler.depth if self.scheduler else 0,
             lambda: self.cache.bytes,

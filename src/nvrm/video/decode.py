@@ -174,6 +174,23 @@ _SHORTFALL_FRACTION = 0.05
 _SHORTFALL_S = 0.5
 
 
+def declared_bound(declared: float) -> float:
+    """Latest frame time (s) a context whose header declares ``declared`` seconds may have: a frame past
+    it means the header understates the video, and decoding stops there (the service reserves memory
+    by this bound, ``nvrm.serve.budget``)."""
+    return declared + max(_SHORTFALL_S, _SHORTFALL_FRACTION * declared)
+
+
+def _check_not_longer(header: Header, t: float, role: str, name: str) -> None:
+    """A context holding frames past what its header declares (by more than a little) is refused."""
+    if role == "context" and header.duration is not None and t > declared_bound(header.duration):
+        raise InputError(
+            name,
+            f"holds more video than its container declares: a frame at {t:.2f} s, the header says {header.duration:.2f} s "
+            "(remux the file so its header states its duration)",
+        )
+
+
 def _header(container, stream) -> Header:
     ctx = stream.codec_context
     duration = None
@@ -195,9 +212,10 @@ def _preflight(header: Header, role: str, name: str, limits: Limits) -> None:
 
 
 def _check_complete(header: Header, times: Sequence[float], nominal: float | None, role: str, name: str) -> None:
-    """A context shorter than its header declares, by more than a little, is truncated."""
+    """A context shorter than its header declares, by more than a little, is truncated; one longer is refused."""
     if role != "context" or header.duration is None or not times:
         return
+    _check_not_longer(header, times[-1], role, name)
     got = clip_duration(times, nominal)
     short = header.duration - got
     if short > max(_SHORTFALL_S, _SHORTFALL_FRACTION * header.duration):
@@ -428,6 +446,7 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract, limits:
                     raise InputError(name, "frame timestamps go backwards; remux the file with monotonic timestamps")
                 if role == "context" and t > limits.max_context_seconds:
                     limits.check_context_duration(t, name)
+                _check_not_longer(header, t, role, name)  # stop at once: what was reserved covers no more
                 if not times:
                     kept[0] = keep(frame, t)
                 else:

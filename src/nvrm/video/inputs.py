@@ -127,6 +127,8 @@ def presample(value: Any, role: str, contract: Contract, limits: Limits | None =
         plan = _clip_plan(value, role, contract, limits or _DEFAULT_LIMITS)
     except InputError as e:
         raise e.with_role(role) from e
+    if isinstance(value.frames, np.ndarray):  # views: a copy of every sampled frame at once is a second clip
+        return Sampled(tuple(value.frames[i] for i in plan.indices), plan, value.name, role)
     return Sampled(tuple(value.take(plan.indices)), plan, value.name, role)
 
 
@@ -224,6 +226,16 @@ def prepare_input(
                 transform=lambda img, t: prepare_frame(img, contract, f"{name} @ {t:.3f}s"),
             )
             return PreparedVideo(sampled.images, sampled.plan.times, sampled.source, role, contract.fingerprint)
+        if isinstance(value, Clip):
+            value = presample(value, role, contract, limits)
+        if isinstance(value, Sampled) and value.role == role:
+            # one full-size image at a time, each reduced to the contract's size before the next is made
+            name, plan = value.name, value.plan
+            prepared = tuple(
+                prepare_frame(f if isinstance(f, Image.Image) else array_to_image(f, name), contract, f"{name} @ {t:.3f}s")
+                for f, t in zip(value.frames, plan.times)
+            )
+            return PreparedVideo(prepared, plan.times, name, role, contract.fingerprint)
         images, plan, name = sample_input(value, role, contract, limits)
         prepared = tuple(prepare_frame(img, contract, f"{name} @ {t:.3f}s") for img, t in zip(images, plan.times))
     except InputError as e:
