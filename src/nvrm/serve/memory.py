@@ -6,11 +6,14 @@ free, and after a large buffer is freed the mmap threshold rises to its size, so
 frame copies of that size come from the heaps too and fragment them. Under load that is gigabytes the
 byte budget never sees, and an address-space cap then fails allocations the budget admitted.
 
-``tune()`` (once, at start) fixes the mmap threshold at glibc's own ceiling, 32 MiB, so the bodies and
-frame copies above it are mapped and unmapped (address space and pages return on free) from the
-first request on, and caps the arenas. (A lower threshold returns a little more but maps every
-activation of a CPU forward pass: at 1 MiB the mid bundle's ``score_batch`` ran 1.4 times slower
-here, at 8 MiB about 1.1 times; at 32 MiB it runs as fast as with glibc's defaults.) ``Trimmer`` runs
+``tune()`` (once, at start) fixes the mmap threshold at 8 MiB, so request bodies and frame copies of
+that size or more are mapped and unmapped (address space and pages return on free) from the first
+request on, and caps the arenas. The threshold is a trade: on this project's 2-core CPU machine
+(tests/hostile/test_memory_returned.py's load) the resident peak above idle was 836 MB with glibc's
+defaults, 733 MB at 16 MiB, 610 MB at 8 MiB and 616 MB at 1 MiB, while a CPU forward pass, whose
+activations are then mapped too, ran about 1.1 times slower at 8 MiB and 1.4 times at 1 MiB (the mid
+bundle's ``score_batch``). On a GPU the activations live on the device and the cost does not arise.
+``NVRM_MALLOC_TUNE=0`` keeps glibc's defaults. ``Trimmer`` runs
 ``malloc_trim(0)`` once the requests in flight have all been answered (at most once per interval),
 which returns the free pages inside every arena. Both are no-ops off glibc.
 """
@@ -28,7 +31,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
-MMAP_THRESHOLD = 32 << 20
+MMAP_THRESHOLD = 8 << 20
 """Buffers of at least this many bytes are mapped on their own (large bodies and frame copies)."""
 ARENAS = 4
 """Most malloc arenas: the event loop, parse threads, preparation workers and the scorer share them."""
@@ -44,9 +47,12 @@ def _libc():
 
 
 def tune(arenas: int = ARENAS, mmap_threshold: int = MMAP_THRESHOLD) -> bool:
-    """Set glibc's allocator for a long-running server (call before the model loads); False off glibc."""
+    """Set glibc's allocator for a long-running server (call before the model loads); False off glibc
+    or with ``NVRM_MALLOC_TUNE=0``."""
+    import os
+
     lib = _libc()
-    if lib is None:
+    if lib is None or os.environ.get("NVRM_MALLOC_TUNE", "1") == "0":
         return False
     ok = lib.mallopt(M_ARENA_MAX, arenas) == 1
     ok = lib.mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 and ok  # fixed: no dynamic rise
