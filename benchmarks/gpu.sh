@@ -77,7 +77,7 @@ step train_step 150 bench --workload train-step --arch "$ARCH" --batch-pairs "${
 # 5d. cosmos-rl's path: 8 B=1 latent rollouts enqueued and pulled against in-process Wan2.1 decode + score_group
 say "step cosmos (limit 150s)"
 timeout 150 "$PY" benchmarks/serve_load.py --arch "$ARCH" --cosmos-only --requests 8 --vae "${VAE:-wan}" --latent-size "${LATENT:-60x104}" \
-  --json "$OUT/cosmos.json" >"$OUT/cosmos.txt" 2>>"$LOG"
+  --cosmos-rounds "${COSMOS_ROUNDS:-1}" --json "$OUT/cosmos.json" >"$OUT/cosmos.txt" 2>>"$LOG"
 say "step cosmos: exit $?"
 
 # 6. CUDA-only tests (pinned memory, attention choice, OOM split on the real allocator, fidelity on the device)

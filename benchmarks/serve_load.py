@@ -344,6 +344,7 @@ def main() -> None:
     p.add_argument("--network", action="store_true", help="also the network path: upload bytes, shared vs distinct contexts, store hit rate")
     p.add_argument("--network-only", action="store_true", help="only the network path")
     p.add_argument("--cosmos", action="store_true", help="also cosmos-rl's enqueue -> pull latency for a group of 8 latent rollouts")
+    p.add_argument("--cosmos-rounds", type=int, default=3, help="timed rounds of --cosmos, each side (after one warm-up round)")
     p.add_argument("--cosmos-only", action="store_true", help="only cosmos-rl's path")
     p.add_argument("--vae", choices=["tiny", "wan"], default="tiny", help="random Wan2.1 VAE of --cosmos: small, or the real shape (GPU)")
     p.add_argument("--latent-size", default="8x12", help="latent h x w of --cosmos (60x104 is 480x832 video)")
@@ -388,7 +389,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nvrm-serve-load-") as tmp:
         if args.cosmos or args.cosmos_only:
             hw = tuple(int(x) for x in args.latent_size.split("x"))
-            report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw)  # type: ignore[arg-type]
+            report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw, rounds=args.cosmos_rounds)  # type: ignore[arg-type]
             print(json.dumps(report["cosmos"], indent=1), flush=True)
         if args.cosmos_only:
             args.shared_only, args.no_shared = True, True

@@ -158,7 +158,55 @@ def run_train_step(arch: str = "mid", batch_pairs: int = 4, steps: int = 3, devi
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return {"workload": "train-step", "arch": arch, "device": str(dev), "device_name": device_name(dev), "batch_pairs": batch_pairs, "steps": steps,
-            "frames": {"height": size[0], "width": size[1]}, "rows": rows}
+            "frames": {"height": size[0], "width": size[1]}, "rows": rows, "computed_4b": train_cost_4b(pairs=batch_pairs)}
+
+
+def train_cost_4b(pairs: int = 4, context_frames: int = 32, candidate_frames: int = 5, frame: tuple[int, int] = (224, 320), text_tokens: int = 125,
+                  lora_rank: int = 16) -> dict[str, Any]:
+    """Computed, not measured: matmul FLOP per pair and device memory per GPU for ``pairs`` pairs per step at the
+    release's 4B shapes (``QWEN3_VL_4B_SPEC``), LoRA on the language model (the vision tower frozen), bf16.
+
+    A sequence is ``context_frames + candidate_frames`` images of ``frame`` (height, width) pixels (224 x 320, the
+    contract's size for 4:3 sources: 280 patches, 70 tokens each) plus ``text_tokens``: 2,715 tokens at the defaults. Per sequence, the vision tower runs
+    forward only; the text layers run forward, once more to recompute (with checkpointing) and backward for
+    their inputs' gradients (about 2x a forward's matmuls; the frozen weights get no gradient). A pair is
+    two sequences (chosen and rejected)."""
+    from types import SimpleNamespace
+
+    from ..synth.bundles import QWEN3_VL_4B_SPEC as s
+    from .harness import forward_flops
+
+    text = SimpleNamespace(hidden_size=s.hidden_size, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads, head_dim=s.head_dim,
+                           intermediate_size=s.intermediate_size, num_hidden_layers=s.num_layers)
+    vision = SimpleNamespace(hidden_size=s.vision_hidden, spatial_merge_size=2, intermediate_size=s.vision_intermediate, out_hidden_size=s.hidden_size,
+                             temporal_patch_size=2, patch_size=16, depth=s.vision_depth, deepstack_visual_indexes=s.deepstack_indexes)
+    grid = (1, frame[0] // 16, frame[1] // 16)  # 14 x 20 patches at the defaults
+    frames = context_frames + candidate_frames
+    tokens = frames * (grid[1] * grid[2] // 4) + text_tokens
+    vision_only = SimpleNamespace(text_config=SimpleNamespace(**{**vars(text), "num_hidden_layers": 0}), vision_config=vision)
+    text_only = SimpleNamespace(text_config=text, vision_config=vision)
+    vis = forward_flops(vision_only, [], [grid] * frames)
+    lm = forward_flops(text_only, [(tokens, 0)], [])
+    per_sequence = vis + 3 * lm
+    gib = 2**30
+    b = 2  # bytes per bf16 value
+    weights = 8.8e9 / gib  # the release's 8.8 GB of bf16 weights
+    lora = s.num_layers * 7 * lora_rank * (s.hidden_size + s.intermediate_size)  # q k v o gate up down, rank 16 (an upper bound)
+    optimizer = lora * (4 + 4 + 4) / gib  # float32 master copy and the two Adam moments
+    sequences = 2 * pairs
+    saved = sequences * s.num_layers * tokens * s.hidden_size * b  # one checkpointed input per text layer
+    one_layer = sequences * tokens * (s.hidden_size * 8 + s.intermediate_size * 3) * b  # the recomputed layer's activations
+    vision_peak = frames * grid[1] * grid[2] * (s.vision_hidden * 6 + s.vision_intermediate * 3) * b  # one frame's worth per image, no graph
+    return {
+        "label": "computed",
+        "pairs_per_step": pairs,
+        "tokens_per_sequence": tokens,
+        "flop_per_pair": 2 * per_sequence,
+        "memory_gib_with_checkpointing": round(weights + optimizer + (saved + one_layer + vision_peak) / gib, 1),
+        "memory_gib_without_checkpointing": round(weights + optimizer + (sequences * s.num_layers * tokens * (s.hidden_size * 8 + s.intermediate_size * 3) * b
+                                                                          + vision_peak) / gib, 1),
+        "h200_hours_per_312k_pairs_at_40pct_of_790_tflops": round(312_400 * 2 * per_sequence / (0.4 * 790e12) / 3600, 1),
+    }
 
 
 def _step_pairs(folder: Path, n: int, size: tuple[int, int]) -> Path:
@@ -185,4 +233,10 @@ def format_train_step(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         peak = "-" if r["peak_device_mib"] is None else str(r["peak_device_mib"])
         lines.append(f"{'on' if r['checkpointing'] else 'off':>13}  {r['pairs_per_s']:>7.2f}  {peak:>15}  {r['tokens_per_sequence']:>15}")
+    c = report.get("computed_4b")
+    if c:
+        lines += ["", f"4B shapes, {c['pairs_per_step']} pairs per step, {c['tokens_per_sequence']} tokens per sequence (computed, not measured): "
+                  f"{c['flop_per_pair']:.2e} FLOP per pair; {c['memory_gib_with_checkpointing']} GiB per GPU with checkpointing, "
+                  f"{c['memory_gib_without_checkpointing']} GiB without; {c['h200_hours_per_312k_pairs_at_40pct_of_790_tflops']} H200-hours "
+                  "for 312.4K pairs at 40 % of 790 TFLOP/s"]
     return "\n".join(lines)
