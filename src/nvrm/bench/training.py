@@ -166,11 +166,11 @@ def train_cost_4b(pairs: int = 4, context_frames: int = 32, candidate_frames: in
     """Computed, not measured: matmul FLOP per pair and device memory per GPU for ``pairs`` pairs per step at the
     release's 4B shapes (``QWEN3_VL_4B_SPEC``), LoRA on the language model (the vision tower frozen), bf16.
 
-    A sequence is ``context_frames + candidate_frames`` images of ``frame`` (height, width) pixels (224 x 320, the
-    contract's size for 4:3 sources: 280 patches, 70 tokens each) plus ``text_tokens``: 2,715 tokens at the defaults. Per sequence, the vision tower runs
-    forward only; the text layers run forward, once more to recompute (with checkpointing) and backward for
-    their inputs' gradients (about 2x a forward's matmuls; the frozen weights get no gradient). A pair is
-    two sequences (chosen and rejected)."""
+    A sequence is ``context_frames + candidate_frames`` images of ``frame`` (height, width) pixels (224 x 320,
+    the contract's size for 4:3 sources: 280 patches, 70 tokens each) plus ``text_tokens``: 2,715 tokens at
+    the defaults. Per sequence, the vision tower runs forward only; the text layers run forward, once more
+    to recompute (checkpointing) and backward for their inputs' gradients only (the frozen weights get
+    none): about 3x a forward's matmuls. A pair is two sequences (chosen and rejected)."""
     from types import SimpleNamespace
 
     from ..synth.bundles import QWEN3_VL_4B_SPEC as s
