@@ -57,6 +57,16 @@ def in_threads(fn, n: int) -> None:
         t.join()
 
 
+def memory_mib(pid: int) -> dict[str, int]:
+    """A process's address-space peak (VmPeak), resident high-water mark (VmHWM) and resident size (VmRSS), in MiB."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmPeak", "VmHWM", "VmRSS"):
+            out[key] = int(value.split()[0]) // 1024
+    return out
+
+
 def cap_address_space(gb: float) -> None:
     """RLIMIT_AS for this process (call in a child: ``preexec_fn``): allocations past it fail."""
     import resource

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from helpers import Server
+from helpers import Server, memory_mib
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.errors import RemoteItemError, ServiceError
@@ -31,15 +31,6 @@ MARGIN_MB = 768  # the vision and text activations of the tiny model, two decodi
 CAND = Clip(moving_square(5, 64, 96, seed=2), fps=1)
 
 
-def status(pid: int) -> dict[str, int]:
-    out = {}
-    for line in open(f"/proc/{pid}/status"):
-        key, _, value = line.partition(":")
-        if key in ("VmPeak", "VmHWM", "VmRSS"):
-            out[key] = int(value.split()[0]) // 1024  # MiB
-    return out
-
-
 def flags() -> list:
     return [x for kv in BUDGETS_MB.items() for x in kv] + ["--workers", 2, "--request-timeout-s", 120]
 
@@ -50,7 +41,7 @@ def idle(tiny_bundle):
     s = Server(tiny_bundle, *flags())
     try:
         RewardClient(s.url).score("p", Clip(moving_square(3, 64, 96, seed=1), fps=1), CAND)
-        return status(s.proc.pid)
+        return memory_mib(s.proc.pid)
     finally:
         s.stop()
 
@@ -96,7 +87,7 @@ def test_the_stated_bound_holds_under_load(tiny_bundle, idle):
                 j.result()
         assert s.proc.poll() is None, s.output()
         assert seen["scored"] >= 100, seen  # the load was served, not just refused
-        peak = status(s.proc.pid)["VmHWM"]
+        peak = memory_mib(s.proc.pid)["VmHWM"]
         assert peak - idle["VmRSS"] <= bound + MARGIN_MB, (peak, idle, seen)
         r = client.score_group("p", long_contexts[0], [CAND])  # and a long context still scores once the load is gone
         assert np.isfinite(r[0].reward)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from helpers import Server
+from helpers import Server, memory_mib
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.errors import RemoteItemError, ServiceError
@@ -43,15 +43,6 @@ def context(k: int) -> Clip:
     return Clip(np.stack([_TEXTURE[(k + i) % 64 : (k + i) % 64 + H, (3 * k + i) % 64 : (3 * k + i) % 64 + W] for i in range(FRAMES)]), fps=1)
 
 
-def status(pid: int) -> dict[str, int]:
-    out = {}
-    for line in open(f"/proc/{pid}/status"):
-        key, _, value = line.partition(":")
-        if key in ("VmPeak", "VmHWM", "VmRSS"):
-            out[key] = int(value.split()[0]) // 1024  # MiB
-    return out
-
-
 def test_the_bound_holds_at_default_settings_and_memory_comes_back(tiny_bundle):
     defaults = ServeConfig()
     caches = defaults.context_cache_mb + defaults.context_store_mb + defaults.prefix_cache_mb
@@ -61,7 +52,7 @@ def test_the_bound_holds_at_default_settings_and_memory_comes_back(tiny_bundle):
     s = Server(tiny_bundle, "--request-timeout-s", 1200, address_space_gb=CAP_GB)
     try:
         RewardClient(s.url).score("p", Clip(np.stack([_TEXTURE[:64, :96]] * 3), fps=1), CAND)
-        idle = status(s.proc.pid)["VmRSS"]
+        idle = memory_mib(s.proc.pid)["VmRSS"]
 
         def one(k: int) -> str:
             client = RewardClient(s.url, retries=200, backoff=0.2, timeout=600)
@@ -77,10 +68,10 @@ def test_the_bound_holds_at_default_settings_and_memory_comes_back(tiny_bundle):
             outcomes = list(pool.map(one, range(CLIENTS)))
         assert s.proc.poll() is None, s.output()
         assert outcomes == ["scored"] * CLIENTS, [o for o in outcomes if o != "scored"][:5]
-        peak = status(s.proc.pid)["VmHWM"] - idle
+        peak = memory_mib(s.proc.pid)["VmHWM"] - idle
         assert peak <= bound + MARGIN_MB, (peak, bound)
         time.sleep(5)  # idle: the heaps are trimmed once nothing is in flight
-        kept = status(s.proc.pid)["VmRSS"] - idle
+        kept = memory_mib(s.proc.pid)["VmRSS"] - idle
         assert kept <= caches + MARGIN_MB, (kept, caches, peak)
     finally:
         s.stop()

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from helpers import Server
+from helpers import Server, memory_mib
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.errors import RemoteItemError, ServiceError
@@ -22,22 +22,13 @@ MARGIN_MB = 256  # the tiny model's activations, two workers' frames, allocator 
 CAND = Clip(moving_square(5, 64, 96, seed=2), fps=1)
 
 
-def rss(pid: int) -> dict[str, int]:
-    out = {}
-    for line in open(f"/proc/{pid}/status"):
-        key, _, value = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            out[key] = int(value.split()[0]) // 1024
-    return out
-
-
 def test_distinct_contexts_stay_within_the_bound_and_memory_comes_back(tiny_bundle):
     flags = [x for kv in BUDGETS_MB.items() for x in kv] + ["--workers", 2, "--request-timeout-s", 300]
     s = Server(tiny_bundle, *flags)
     try:
         client = RewardClient(s.url, retries=40, backoff=0.05)
         client.score("p", Clip(moving_square(3, 64, 96, seed=1), fps=1), CAND)
-        idle = rss(s.proc.pid)["VmRSS"]
+        idle = memory_mib(s.proc.pid)["VmRSS"]
         contexts = [Clip(moving_square(FRAMES, 144, 256, seed=500 + k), fps=1) for k in range(10)]
 
         def one(ctx):
@@ -50,11 +41,11 @@ def test_distinct_contexts_stay_within_the_bound_and_memory_comes_back(tiny_bund
 
         with ThreadPoolExecutor(10) as pool:
             list(pool.map(one, contexts))
-        peak = rss(s.proc.pid)["VmHWM"] - idle
+        peak = memory_mib(s.proc.pid)["VmHWM"] - idle
         bound = sum(BUDGETS_MB.values()) + FORWARD_MB
         assert peak <= bound + MARGIN_MB, (peak, bound)
         time.sleep(3)  # idle: what is left is the caches' and the store's
-        kept = rss(s.proc.pid)["VmRSS"] - idle
+        kept = memory_mib(s.proc.pid)["VmRSS"] - idle
         caches = BUDGETS_MB["--context-cache-mb"] + BUDGETS_MB["--context-store-mb"] + BUDGETS_MB["--prefix-cache-mb"]
         assert kept <= caches + MARGIN_MB, (kept, caches, peak)
         assert np.isfinite(client.score_group("p", contexts[0], [CAND])[0].reward)
