@@ -51,3 +51,42 @@ def test_distinct_contexts_stay_within_the_bound_and_memory_comes_back(tiny_bund
         assert np.isfinite(client.score_group("p", contexts[0], [CAND])[0].reward)
     finally:
         s.stop()
+
+
+def test_a_timed_out_request_stays_counted_while_its_frames_are_still_prepared(model, monkeypatch):
+    """A 504 gives the request's reservation back at once, but a worker may still be preparing its frames from
+    its body: until it finishes, those bytes stay in the budget (before, they were held uncounted)."""
+    import threading
+    from concurrent.futures import Future
+
+    from helpers import InProcessServer
+
+    gate = threading.Event()
+    prepare = model.engine.submit_video
+
+    def held_back(video, role):  # preparation that cannot finish before the request's deadline
+        out: Future = Future()
+
+        def run():
+            gate.wait(60)
+            inner = prepare(video, role)
+            inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(f.result()))
+
+        threading.Thread(target=run, daemon=True).start()
+        return out
+
+    monkeypatch.setattr(model.engine, "submit_video", held_back)
+    with InProcessServer(model, request_timeout_s=0.5) as s:
+        budget = s.serving.budget
+        try:
+            s.client(retries=0).score("p", Clip(moving_square(4, 64, 96, seed=41), fps=1), CAND)
+            raise AssertionError("the request was answered before its preparation could finish")
+        except ServiceError as e:
+            assert e.status == 504, e
+        held = budget.used
+        assert held > 0, "the timed-out request's frames are still being prepared, yet nothing is counted"
+        gate.set()
+        deadline = time.time() + 30
+        while budget.used and time.time() < deadline:
+            time.sleep(0.05)
+        assert budget.used == 0, (budget.used, held)
