@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
-from concurrent.futures import Future
-from typing import Any, Sequence
+from typing import Any
 
 from ..clip import Clip
 from ..contract import Contract
@@ -54,29 +53,6 @@ class ByteBudget:
         with self._lock:
             self._used = max(0, self._used - n)
         self._on_release()
-
-    def hold_until_done(self, n: int, pending: "Sequence[Future]") -> None:
-        """Count ``n`` more bytes (over the limit if need be) until every future in ``pending`` is done.
-
-        For work that outlives its request: a request answered 504 gives its reservation back, while a
-        preparation worker may still hold its body and frames; those stay counted until it finishes."""
-        left = [f for f in pending if not f.done()]
-        if not left or n <= 0:
-            return
-        with self._lock:
-            self._used += n
-        count = [len(left)]
-        lock = threading.Lock()
-
-        def one(_: Future) -> None:
-            with lock:
-                count[0] -= 1
-                last = count[0] == 0
-            if last:
-                self.release(n)
-
-        for f in left:
-            f.add_done_callback(one)
 
 
 def frame_bytes(contract: Contract, codec: bool) -> int:

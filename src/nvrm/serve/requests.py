@@ -29,8 +29,6 @@ class Work:
         """CPU time hashing the contexts for the shared-context cache."""
         self.prepared_bytes = 0
         """An upper bound of the memory its prepared videos take (``nvrm.serve.budget``)."""
-        self.body_bytes = 0
-        """The size of the body it was parsed from (its media are views into it)."""
 
     @property
     def size(self) -> int:
@@ -90,7 +88,6 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         group = (req.prompt, context(req.context, "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
     work.hash_seconds = HASH_SECONDS.value
-    work.body_bytes = len(raw)
     videos = [(c.value, "context", c.key) for _, c, _ in work.items] + [(d.value, "candidate", "") for _, _, d in work.items] if work.items is not None else (
         [(work.group[1].value, "context", work.group[1].key)] + [(d.value, "candidate", "") for d in work.group[2]]  # type: ignore[index]
     )

@@ -161,7 +161,6 @@ class Scheduler:
             with self._lock:
                 self._preparing[key] += 1
         parts = [self._context(context), self.engine.submit_video(candidate.value, "candidate")]
-        fut.preparing = parts  # type: ignore[attr-defined]  # what holds its frames until done (the budget's hold_until_done)
 
         settled = [key is None]
 
@@ -218,9 +217,7 @@ class Scheduler:
                 return
             self._ready.put(_Group(group, fut, n, deadline, exact))
 
-        job = self.engine.submit_group(prompt, self._context(context), [c.value for c in candidates])
-        fut.preparing = [job]  # type: ignore[attr-defined]
-        job.add_done_callback(prepared)
+        self.engine.submit_group(prompt, self._context(context), [c.value for c in candidates]).add_done_callback(prepared)
         return fut
 
     # ------------------------------------------------------------ shutdown

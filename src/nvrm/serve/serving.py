@@ -239,9 +239,6 @@ class Serving:
         except asyncio.TimeoutError:
             for f in futures:
                 f.cancel()
-            # the reservation goes back with this answer, but a worker may still be preparing the request's
-            # frames from its body: they stay counted until it finishes
-            self.budget.hold_until_done(work.body_bytes + work.prepared_bytes, [p for f in futures for p in getattr(f, "preparing", ())])
             self.metrics.rejected.labels(reason="timeout").inc()
             return Reply.error(504, "timeout", f"scoring took longer than {timeout:g} s")
         results = list(done) if work.kind == "score" else list(done[0])
