@@ -178,3 +178,50 @@ class CountingProxy:
 
     def close(self) -> None:
         self.listener.close()
+
+
+class RawJudge:
+    """A chat-completions server on loopback that answers exactly the bytes it is told to: each request gets
+    ``answer(body) -> (status, headers, data, trickle_s)``, ``data`` sent as given (already gzipped, say) and,
+    with ``trickle_s`` > 0, one byte at a time with that pause between bytes. The hostile judges of
+    tests/hostile/test_judge_answers.py (issue 43): gzip bombs, slow trickles, HTML pages, redirects."""
+
+    def __init__(self, answer):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answer = answer
+        self.requests: list[dict] = []
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                judge.requests.append(body)
+                status, headers, data, trickle_s = judge.answer(body)
+                try:
+                    self.send_response(status)
+                    for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    if trickle_s <= 0:
+                        self.wfile.write(data)
+                        return
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(trickle_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -92,7 +92,8 @@ def _judges(args: argparse.Namespace, settings) -> dict:
             raise InputError(f"--judge {spec.name}", f"the judge at {url} cannot be reached ({why}); start it or fix the URL")
         if spec.kind == "chat":
             judges[spec.name] = ChatJudge(spec, timeout_s=settings.timeout_s, retries=settings.retries, structured=settings.structured,
-                                          logprobs=settings.logprobs, max_tokens=settings.max_tokens, concurrency=settings.concurrency)
+                                          logprobs=settings.logprobs, max_tokens=settings.max_tokens, concurrency=settings.concurrency,
+                                          max_answer_kb=settings.max_answer_kb)
         else:
             judges[spec.name] = RewardJudge(spec)
     return judges

@@ -89,6 +89,8 @@ class Journal:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(str(self.path), f"line {n} is not valid JSON ({e.msg}); this file was not written by nvrm") from e
+            except RecursionError as e:
+                raise InputError(str(self.path), f"line {n} is nested too deeply to read; this file was not written by nvrm") from e
             problem = check(n, row) if check else (None if isinstance(row, dict) else "not a JSON object")
             if problem:
                 raise InputError(str(self.path), f"line {n} {problem}")

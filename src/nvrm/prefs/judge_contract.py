@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli.fields import meta
+from .._fields import meta
 from ..errors import ConfigError, InputError
 
 PLACEHOLDERS = ("prompt", "context", "first", "second")

@@ -10,10 +10,13 @@ A judge is given as a spec (``--judge``):
 A chat judge is asked for a structured verdict (``response_format`` with a JSON schema) where the
 server takes it (``structured=auto`` drops it for the run on the first server that refuses it), at
 temperature 0. Answers may come as JSON or as a server-sent event stream (``transformers serve``
-streams even when asked not to). 429, 5xx, timeouts and connection errors are retried with
-backoff (``Retry-After`` honoured). 401, 403, 404 and 405 say nothing about the pair (a wrong key,
-URL or model name): such judgments are not written, and ``--resume`` asks them again once fixed.
-Other 4xx are the pair's final answer (a failed row with the server's reason).
+streams even when asked not to). ``--timeout-s`` bounds each request as a whole (connecting, sending
+and every byte of the answer), and an answer is read, decoded, no further than ``--max-answer-kb``
+(``judge_answers``). 429, 5xx, timeouts, connection errors and 200s that are no answer (empty, HTML,
+not JSON) are retried with backoff (``Retry-After`` honoured). 3xx (not followed), 401, 403, 404 and
+405 say nothing about the pair (a wrong key, URL or model name): such judgments are not written, and
+``--resume`` asks them again once fixed. Other 4xx, and answers of the wrong shape, are the pair's
+final answer (a failed row with the reason).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from urllib.parse import urlparse
 import httpx
 
 from ..errors import ConfigError
+from .judge_answers import BoundedBody, read_chat_answer
 
 VERDICT_SCHEMA = {"type": "object", "properties": {"winner": {"type": "string", "enum": ["first", "second", "tie"]}}, "required": ["winner"],
                   "additionalProperties": False}
@@ -80,6 +84,8 @@ class Answer:
     """The error may go away on another run (network, 429, 5xx, timeouts)."""
     attempts: int = 0
     seconds: float = 0.0
+    confidence: float | None = None
+    """Set by nvrm's own judge only (from its two rewards); a chat judge's confidence comes from its logprobs."""
 
 
 def reachable(url: str, timeout: float = 5.0) -> str | None:
@@ -92,51 +98,28 @@ def reachable(url: str, timeout: float = 5.0) -> str | None:
         return f"{type(e).__name__}: {e.strerror or e}"
 
 
-def _stream_text(body: str) -> tuple[str, dict, Any, str | None]:
-    """(text, usage, logprobs, error) of a server-sent event stream of chat chunks."""
-    text, usage, logprobs, error = "", {}, None, None
-    for line in body.splitlines():
-        line = line.strip()
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            break
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            error = error or f"an unreadable stream chunk: {payload[:80]!r}"
-            continue
-        if "error" in chunk:
-            error = str(chunk["error"])[:300]
-            continue
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            text += (choice.get("delta") or {}).get("content") or ""
-            if choice.get("logprobs"):
-                logprobs = choice["logprobs"]
-    return text, usage, logprobs, error
-
-
 class ChatJudge:
     """Chat completions, retried; one ``ask`` per judgment."""
 
     def __init__(self, spec: JudgeSpec, *, timeout_s: float, retries: int, structured: str = "auto", logprobs: bool = False,
-                 max_tokens: int = 64, concurrency: int = 4, http: httpx.AsyncClient | None = None):
+                 max_tokens: int = 64, concurrency: int = 4, max_answer_kb: int = 1024, http: httpx.AsyncClient | None = None):
         self.spec = spec
         self.timeout_s = timeout_s
         self.retries = retries
         self.structured = structured
         self.logprobs = logprobs
         self.max_tokens = max_tokens
+        self.max_answer_kb = max_answer_kb
         key = os.environ.get(spec.key_env) if spec.key_env else None
         if spec.key_env and not key:
             raise ConfigError(f"judge {spec.name}: the environment variable {spec.key_env} (its API key) is empty or unset")
-        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # the encodings BoundedBody decodes, within its bound
+        self.headers = {"Accept-Encoding": "gzip, deflate", **({"Authorization": f"Bearer {key}"} if key else {})}
         self.http = http or httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
         self.notes: list[str] = []
 
     def body(self, content: list[dict]) -> dict[str, Any]:
+        """The chat-completions request for one judgment."""
         body: dict[str, Any] = {"model": self.spec.model, "messages": [{"role": "user", "content": content}], "max_tokens": self.max_tokens,
                                 "temperature": 0.0, "stream": False}
         if self.structured in ("auto", "json_schema"):
@@ -145,55 +128,74 @@ class ChatJudge:
             body.update(logprobs=True, top_logprobs=5)
         return body
 
+    async def _exchange(self, body: dict[str, Any]) -> tuple[int, httpx.Headers, BoundedBody]:
+        """One request and its answer, decoded as it streams in and read no further than --max-answer-kb."""
+        async with self.http.stream("POST", self.spec.url + "/chat/completions", json=body, headers=self.headers) as r:
+            got = BoundedBody(r.headers.get("content-encoding", ""), self.max_answer_kb * 1024)
+            async for data in r.aiter_raw():
+                got.feed(data)
+                if got.done:
+                    break
+            return r.status_code, r.headers, got
+
+    async def _attempt(self, body: dict[str, Any]) -> tuple[int | None, httpx.Headers | None, BoundedBody | None, str | None]:
+        """(status, headers, body, None), or (None, None, None, why no answer came) within --timeout-s for the whole exchange."""
+        try:  # one deadline for connecting, sending and every byte of the answer: a server trickling bytes is cut off too
+            status, headers, got = await asyncio.wait_for(self._exchange(body), self.timeout_s)
+        except TimeoutError:
+            return None, None, None, f"ReadTimeout: the whole answer did not come within --timeout-s {self.timeout_s:g} s"
+        except httpx.TransportError as e:  # httpx's timeouts too
+            return None, None, None, f"{type(e).__name__}: {' '.join(str(e).split())[:200] or 'no answer'}"
+        return status, headers, got, None
+
     async def ask(self, content: list[dict]) -> Answer:
+        """One judgment: retried with backoff after 429, 5xx, timeouts, dropped connections and 200s that are no answer."""
         out, t0, wait = Answer(), time.perf_counter(), 0.5
         while True:
             out.attempts += 1
             body = self.body(content)
-            try:
-                r = await self.http.post(self.spec.url + "/chat/completions", json=body, headers=self.headers, timeout=self.timeout_s)
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                status, failure = None, f"{type(e).__name__}: {' '.join(str(e).split())[:200] or 'no answer'}"
-            else:
-                status = r.status_code
-                if status == 200:
-                    self._read(r, out)
+            status, headers, got, failure = await self._attempt(body)
+            if status == 200 and got is not None:
+                if self._read(got, headers, out):
                     break
+                failure, out.error = out.error, None
+            elif status is not None and got is not None:
                 if status in (400, 422) and "response_format" in body and self.structured in ("auto", "none"):
                     if self.structured == "auto":  # this server takes no response_format: a strict parser reads the answers
                         self.structured = "none"
                         self.notes.append(f"{self.spec.name}: the server refused response_format ({status}); answers are read with the strict parser")
                     out.attempts -= 1
                     continue
-                failure = f"the judge answered {status}: {' '.join(r.text.split())[:200]}"
+                failure = f"the judge answered {status}: {' '.join(got.text()[:1000].split())[:200]}"
+                if 300 <= status < 400:
+                    failure += f" (a redirect to {str(headers.get('location', ''))[:120]!r}, not followed: give the URL it names)"
                 if status not in RETRY:
                     out.error = failure
-                    out.transient = status in NOT_THIS_PAIR  # the key, the URL or the model: fixed once, asked again by --resume
+                    # the key, the URL or the model: fixed once, asked again by --resume
+                    out.transient = status in NOT_THIS_PAIR or 300 <= status < 400
                     break
             if out.attempts > self.retries:
                 out.error, out.transient = f"{failure} (after {out.attempts} attempts)", True
                 break
-            retry_after = r.headers.get("retry-after", "") if status is not None else ""
+            retry_after = headers.get("retry-after", "") if headers is not None else ""
             await asyncio.sleep(min(30.0, float(retry_after)) if retry_after.replace(".", "", 1).isdigit() else wait * (0.5 + random.random()))
             wait = min(8.0, wait * 2)
         out.seconds = time.perf_counter() - t0
         return out
 
-    @staticmethod
-    def _read(r: httpx.Response, out: Answer) -> None:
-        if "text/event-stream" in r.headers.get("content-type", "") or r.text.lstrip().startswith("data:"):
-            out.text, out.usage, out.logprobs, error = _stream_text(r.text)
-            if error and not out.text:
-                out.error = f"the judge's stream carried an error: {error}"
-            return
-        try:
-            data = r.json()
-            choice = data["choices"][0]
-            out.text = (choice.get("message") or {}).get("content") or ""
-            out.usage = data.get("usage") or {}
-            out.logprobs = choice.get("logprobs")
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            out.error = f"the judge's answer is not a chat completion ({type(e).__name__}: {r.text[:120]!r})"
+    def _read(self, got: BoundedBody, headers: httpx.Headers, out: Answer) -> bool:
+        """Fill ``out`` from a 200 answer; False (``out.error`` says why) when it is no answer and is asked again."""
+        if got.error:
+            out.error = got.error
+            return True
+        if got.too_large:
+            out.error = f"the judge's answer is larger than --max-answer-kb {self.max_answer_kb} (decoded); read no further"
+            return True
+        reading = read_chat_answer(got.text(), headers.get("content-type", ""), self.logprobs)
+        out.text, out.usage, out.logprobs, out.error = reading.text, reading.usage, reading.logprobs, reading.error
+        if reading.error:
+            out.text = None
+        return not reading.retry
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -230,7 +232,7 @@ class RewardJudge:
         winner = "first" if r1 > r2 else "second" if r2 > r1 else "tie"
         raw = json.dumps({"winner": winner, "reward_first": r1, "reward_second": r2})
         confidence = 1.0 / (1.0 + math.exp(-abs(r1 - r2)))
-        return Answer(text=raw, logprobs={"nvrm_confidence": confidence}, seconds=time.perf_counter() - t0, attempts=1)
+        return Answer(text=raw, confidence=confidence, seconds=time.perf_counter() - t0, attempts=1)
 
     async def close(self) -> None:
         return None

@@ -8,8 +8,10 @@ point and started again with ``--resume`` asks only what is missing, and writes 
 
 Each row is the ``nvrm prefs filter`` judgment format (``prompt``, ``context``, ``first``, ``second``,
 ``winner``) plus its provenance: ``judge``, ``judge_model``, ``template_sha256``, ``judge_contract``,
-``raw`` (the answer as given), ``unparsed`` (why it was not read as a verdict: its ``winner`` is then
-null, never guessed), ``error`` (a final failure: a missing video, a 4xx), ``confidence``, ``usage``.
+``raw`` (the answer as given, its first 4,096 characters; ``raw_chars`` its length), ``unparsed`` (why it was
+not read as a verdict: its ``winner`` is then null, never guessed), ``error`` (a final failure: a missing
+video, a 4xx, an answer of the wrong shape or over ``--max-answer-kb``), ``confidence``, ``usage`` (whole,
+non-negative token counts, else null).
 Failures that may pass (429 and 5xx after every retry, timeouts, an unreachable server, the
 deadline) are not written: the run says how many and exits 1, and ``--resume`` asks them again.
 """
@@ -23,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..cli.fields import meta
+from .._fields import meta
 from ..errors import ConfigError, InputError, NvrmError
 from .judge_contract import JudgeContract, Rubric, video_images
+from .judge_answers import clean_usage
 from .judges import Answer, ChatJudge, RewardJudge
 from .verdict import agreement, confidence_from_logprobs, parse_verdict
 
 ORDERS = ("ab", "ba")
+RAW_EXCERPT = 4096
+"""The most characters of an answer a row keeps as ``raw`` (``raw_chars`` says how long it was)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,10 @@ def read_pairs_to_judge(path: str | Path) -> tuple[list[PairToJudge], list[str]]
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            try:
+                obj = json.loads(line)
+            except RecursionError:
+                raise ValueError("JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
             pid = obj.get("pair_id")
@@ -130,12 +138,15 @@ class RunSettings:
                                                           choices=("auto", "json_schema", "none")))
     logprobs: bool = field(default=False, metadata=meta("ask for the answer tokens' log-probabilities (a confidence per verdict, where the server returns them)"))
     max_tokens: int = field(default=64, metadata=meta("the most tokens a judge may answer with"))
+    max_answer_kb: int = field(default=1024, metadata=meta("the most kilobytes of an answer read, after decompression (a gzip bomb stops there); "
+                                                           "a larger answer fails its row"))
     price_in: float | None = field(default=None, metadata=meta("cost per million prompt tokens (the summary's cost)"))
     price_out: float | None = field(default=None, metadata=meta("cost per million completion tokens"))
 
     def __post_init__(self) -> None:
         checks = {"concurrency": 1 <= self.concurrency <= 1024, "timeout_s": self.timeout_s > 0, "retries": 0 <= self.retries <= 100,
                   "deadline_s": self.deadline_s is None or self.deadline_s > 0, "max_tokens": 1 <= self.max_tokens <= 65536,
+                  "max_answer_kb": 1 <= self.max_answer_kb <= 1 << 20,
                   "price_in": self.price_in is None or self.price_in >= 0, "price_out": self.price_out is None or self.price_out >= 0}
         bad = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k, ok in checks.items() if not ok]
         if bad:
@@ -212,14 +223,15 @@ class JudgingRun:
         judge = self.judges[task.judge]
         verdict = parse_verdict(answer.text) if answer.error is None else None
         confidence = None
-        if verdict is not None and verdict.winner:
-            lp = answer.logprobs or {}
-            confidence = lp.get("nvrm_confidence") if isinstance(lp, dict) and "nvrm_confidence" in lp else confidence_from_logprobs(lp, verdict.winner)
+        if verdict is not None and verdict.winner:  # nvrm's own judge says how sure it is; a chat judge's logprobs do
+            confidence = answer.confidence if isinstance(judge, RewardJudge) else confidence_from_logprobs(answer.logprobs, verdict.winner)
+        usage = clean_usage(answer.usage)
         row = {
             "pair_id": task.pair.pair_id, "order": task.order, "judge": task.judge, "judge_model": judge.spec.model if judge.spec.kind == "chat" else (judge.spec.path or judge.spec.url),
             "prompt": task.pair.prompt, "context": task.pair.context, "first": first, "second": second,
             "winner": verdict.winner if verdict else None, "unparsed": verdict.reason if verdict and not verdict.winner else None,
-            "error": answer.error, "raw": answer.text, "confidence": confidence, "usage": answer.usage or None,
+            "error": answer.error, "raw": None if answer.text is None else answer.text[:RAW_EXCERPT],
+            "raw_chars": None if answer.text is None else len(answer.text), "confidence": confidence, "usage": usage or None,
             "template_sha256": self.rubric.sha256, "judge_contract": self.contract.fingerprint,
             "attempts": answer.attempts, "seconds": round(answer.seconds, 4), "started_at": round(started, 3),
         }
@@ -229,10 +241,9 @@ class JudgingRun:
         t.failed += answer.error is not None
         t.verdicts += bool(verdict and verdict.winner)
         t.unparsed += bool(verdict and not verdict.winner)
-        usage = answer.usage or {}
-        if isinstance(usage.get("prompt_tokens"), int):
+        if usage:  # whole, non-negative counts only (clean_usage)
             t.prompt_tokens += usage["prompt_tokens"]
-            t.completion_tokens += int(usage.get("completion_tokens") or 0)
+            t.completion_tokens += usage.get("completion_tokens", 0)
         elif judge.spec.kind == "chat" and answer.error is None:
             t.unreported_usage += 1
 

@@ -67,6 +67,8 @@ def parse_pair(text: str, line: int, base: Path) -> Pair | PairProblem:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         return PairProblem(line, rid, f"pairs line {line}: not valid JSON ({e.msg})")
+    except RecursionError:  # one line nested 100,000 deep is that line's problem, not the file's
+        return PairProblem(line, rid, f"pairs line {line}: JSON nested too deeply")
     if not isinstance(obj, dict):
         return PairProblem(line, rid, f"pairs line {line}: expected a JSON object")
     if isinstance(obj.get("id"), (str, int)) and not isinstance(obj.get("id"), bool):
