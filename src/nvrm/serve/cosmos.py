@@ -34,6 +34,9 @@ REWARD_NAMES = ("nvrm",)
 """The ``reward_fn`` names this server computes."""
 SCORE_KEYS = ("reward", "overall_reward")
 """Keys every pull answer holds (the same raw reward: ``overall_reward`` is cosmos-rl's default ``score_key``)."""
+SIGMA_DATA_RANGE = (0.01, 100.0)
+"""The ``sigma_data`` taken: the latents are divided by it, so a tiny one blows them up past what the VAE decodes
+(to NaN: a black video) and a huge one flattens every rollout to the mean latent."""
 _FLOAT = {"<f4": np.float32, "<f2": np.float16, "=f4": np.float32, "=f2": np.float16}
 _UINT8 = ("|u1", "<u1", "u1", "=u1")
 
@@ -50,15 +53,20 @@ class Enqueued:
     """Latents [B, 16, T, h, w], or frames [B, T, H, W, 3]."""
     reward_fn: dict[str, float]
     sigma_data: float = 1.0
+    refused: dict[int, str] = field(default_factory=dict)
+    """Rollouts that get no score, by index, and why (latents that are not finite; the decoder adds those
+    whose decoded frames are not finite): each gets the fallback score and its reason in the pull answer."""
 
     @property
     def batch(self) -> int:
         return len(self.prompts)
 
-    def decoded_bytes(self) -> int:
-        """The memory its frames take once decoded (admitted before any decoding)."""
+    def decoded_bytes(self, decoder=None) -> int:
+        """The memory decoding it takes at its peak (admitted before any decoding): ``decoder.peak_bytes``,
+        the VAE's activations included, or the decoded frames alone without a decoder."""
         if self.media == "latent":
-            return decoded_bytes(tuple(self.array.shape))
+            shape = tuple(self.array.shape)
+            return decoder.peak_bytes(shape) if decoder is not None else decoded_bytes(shape)
         return int(self.array.size)
 
 
@@ -101,6 +109,31 @@ def _array(view: memoryview, media: str, limits) -> np.ndarray:
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
+def _reward_weights(fns: Any) -> dict[str, float]:
+    """``reward_fn``: reward name -> weight, each weight a finite number, each name one this server computes.
+
+    cosmos-rl 0.4.7 applies the weights itself (``RemoteRewardCalculator.fetch_reward`` pulls every
+    configured name, whatever its weight, and adds ``clip(score) * weight``), so the server answers the
+    raw reward for any finite weight, 0 and negative ones included. A weight that is not a number, or
+    NaN or infinite (which would make the trainer's total NaN), is refused; so is a name this server does
+    not compute, even at weight 0, since cosmos-rl would pull it anyway."""
+    if not isinstance(fns, dict) or not fns:
+        raise RequestError("enqueue JSON 'reward_fn'", "must be an object of reward name -> weight")
+    weights = {}
+    for name, w in fns.items():
+        try:
+            ok = not isinstance(w, bool) and isinstance(w, (int, float)) and math.isfinite(float(w))
+        except OverflowError:  # an integer beyond float range
+            ok = False
+        if not ok:
+            raise RequestError(f"enqueue JSON 'reward_fn'[{name[:40]!r}]", f"is {repr(w)[:40]}; a weight is a finite number (cosmos-rl multiplies the pulled score by it)")
+        weights[name] = float(w)
+    other = sorted(set(weights) - set(REWARD_NAMES))
+    if other:
+        raise RequestError("enqueue JSON 'reward_fn'", f"asks for {', '.join(o[:40] for o in other[:8])}; this server computes {', '.join(REWARD_NAMES)} (set reward_fn to 'nvrm')")
+    return weights
+
+
 def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
     """An enqueue body, refused with a 400 (``RequestError``) naming what is wrong before anything is decoded."""
     head, tail = _split(raw)
@@ -112,13 +145,7 @@ def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
         raise RequestError("enqueue JSON 'prompts'", "must be a non-empty list of strings, one per video")
     if len(prompts) > limits.max_request_items:
         raise RequestError("enqueue JSON 'prompts'", f"has {len(prompts)} videos; the limit is {limits.max_request_items} per request", 413, "too_large")
-    fns = payload.get("reward_fn", {"nvrm": 1.0})
-    if not isinstance(fns, dict) or not fns:
-        raise RequestError("enqueue JSON 'reward_fn'", "must be an object of reward name -> weight")
-    wanted = {k: v for k, v in fns.items() if not isinstance(v, (int, float)) or v > 0}
-    other = sorted(set(wanted) - set(REWARD_NAMES))
-    if other:
-        raise RequestError("enqueue JSON 'reward_fn'", f"asks for {', '.join(other)}; this server computes {', '.join(REWARD_NAMES)} (set reward_fn to 'nvrm')")
+    weights = _reward_weights(payload.get("reward_fn", {"nvrm": 1.0}))
     media = payload.get("media_type") or "latent"  # the legacy path sends none: latents
     if media not in ("latent", "video"):
         raise RequestError("enqueue JSON 'media_type'", f"is {media!r}; this server takes 'latent' (Wan2.1 latents) or 'video' (uint8 frames)")
@@ -134,12 +161,26 @@ def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
             raise RequestError(f"enqueue JSON 'video_infos'[{i}].video_fps", f"is {f!r}; a frame rate between {limits.min_fps} and {limits.max_fps} is needed")
         fps.append(float(f))
     sigma = payload.get("sigma_data", 1.0)
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (math.isfinite(sigma) and sigma > 0):
-        raise RequestError("enqueue JSON 'sigma_data'", f"is {sigma!r}; a positive number is needed")
+    lo, hi = SIGMA_DATA_RANGE
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not lo <= sigma <= hi:
+        raise RequestError("enqueue JSON 'sigma_data'", f"is {sigma!r}; between {lo:g} and {hi:g} is taken (cosmos-rl's trainers use 1.0, or 0.5 for EDM)")
     array = _array(tail, media, limits)
     if array.shape[0] != len(prompts):
         raise RequestError("enqueue array", f"holds {array.shape[0]} videos for {len(prompts)} prompts")
-    return Enqueued(prompts, fps, media, array, {k: float(v) for k, v in wanted.items()}, float(sigma))
+    refused = non_finite(array) if media == "latent" else {}
+    if len(refused) == len(prompts):  # nothing left to score: the whole body is refused
+        raise RequestError("enqueue array", f"has no rollout to score: {refused[0]}" + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
+    return Enqueued(prompts, fps, media, array, weights, float(sigma), refused)
+
+
+def non_finite(latents: np.ndarray) -> dict[int, str]:
+    """Rollouts of ``latents`` [B, ...] holding NaN or infinite values, by index, and how many such values each holds."""
+    out = {}
+    for i in range(latents.shape[0]):
+        bad = latents[i].size - int(np.count_nonzero(np.isfinite(latents[i])))
+        if bad:
+            out[i] = f"rollout {i}: its latents are not finite ({bad} NaN or infinite values); it is not scored"
+    return out
 
 
 def frames_view(frames: np.ndarray) -> np.ndarray:

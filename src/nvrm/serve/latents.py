@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 
 CHANNELS = 16
 """Wan2.1 latent channels."""
@@ -37,11 +37,40 @@ def frames_of(t_lat: int) -> int:
 
 
 def decoded_bytes(shape: tuple[int, ...]) -> int:
-    """Memory decoding latents of ``shape`` [B, 16, T, h, w] holds at its peak: the decoder's float32
-    output and the uint8 frames made from it."""
+    """Memory of the decoder's float32 output and the uint8 frames made from it, for latents of ``shape``
+    [B, 16, T, h, w]: a floor under ``decode_peak_bytes`` (what a decode reserves), without the activations."""
     b, _, t, h, w = shape
     pixels = b * frames_of(t) * (SPATIAL * h) * (SPATIAL * w) * 3
     return pixels * (4 + 1)
+
+
+# Host memory of one CPU decode (float32), measured with benchmarks/decoder_peak.py (peak RSS above the
+# resident size before it; docs/limits.md has the table) and fitted per output pixel of one chunk:
+# diffusers decodes latent frame by latent frame, the first into 1 pixel frame, each later one into 4,
+# so the activations peak at the first 4-frame chunk and do not grow with T_lat.
+PIXEL_BYTES = (1500, 55)
+"""Activation bytes per output pixel of a 1-frame chunk: ``a + b * base_dim``, 12% over the fit of (tiny VAE, base_dim 8:
+1.72 KB measured; Wan2.1, base_dim 96: 6.06 KB)."""
+CHUNK4 = 5.0
+"""A 4-frame chunk's activations over a 1-frame chunk's (4.25 measured on the tiny VAE; 5 for margin)."""
+FIXED_OF_WEIGHTS = 0.3
+"""Shape-independent working memory, as a fraction of the weights' bytes (130 MB of Wan2.1's 508 MB measured)."""
+OUTPUT_BYTES = 8 + 2
+"""Per decoded value: diffusers' float32 output twice (its frame-by-frame ``torch.cat``, then the clamp's
+copy), and the uint8 frames twice (levels, then the channels-last copy)."""
+
+
+def decode_peak_bytes(shape: tuple[int, ...], base_dim: int, weight_bytes: int, on_host: bool = True) -> int:
+    """Host memory decoding latents of ``shape`` [B, 16, T, h, w] takes at its peak, for a Wan VAE of
+    ``base_dim`` with ``weight_bytes`` of weights. ``on_host=False`` (a GPU decode): the activations are
+    device memory, and only the uint8 frames and a float copy of them come back to the host."""
+    b, _, t, h, w = shape
+    pixels = (SPATIAL * h) * (SPATIAL * w)
+    values = b * frames_of(t) * pixels * 3
+    if not on_host:
+        return values * (4 + 2)
+    chunk = b * pixels * (PIXEL_BYTES[0] + PIXEL_BYTES[1] * base_dim) * (CHUNK4 if t > 1 else 1.0)
+    return int(chunk + FIXED_OF_WEIGHTS * weight_bytes) + values * OUTPUT_BYTES
 
 
 class LatentDecoder:
@@ -69,16 +98,44 @@ class LatentDecoder:
         self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(1, CHANNELS, 1, 1, 1)
         self.std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(1, CHANNELS, 1, 1, 1)
         self.path = str(path)
+        self.base_dim = int(cfg.base_dim)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.vae.parameters())
+
+    def peak_bytes(self, shape: tuple[int, ...]) -> int:
+        """Host memory decoding latents of ``shape`` takes at its peak with this VAE (``decode_peak_bytes``)."""
+        return decode_peak_bytes(tuple(shape), self.base_dim, self.weight_bytes, self.device.type == "cpu")
 
     @torch.inference_mode()
-    def decode(self, latents: np.ndarray, sigma_data: float = 1.0) -> tuple[np.ndarray, float]:
-        """(uint8 frames [B, T, H, W, 3], seconds the decode took) of normalised latents [B, 16, T_lat, h, w]."""
+    def decode(self, latents: np.ndarray, sigma_data: float = 1.0, refused: dict[int, str] | None = None) -> tuple[np.ndarray, float]:
+        """(uint8 frames [B, T, H, W, 3], seconds the decode took) of normalised latents [B, 16, T_lat, h, w].
+
+        A rollout whose latents or decoded pixels are not finite (NaN, an overflow inside the VAE) would
+        decode to a black video: it is named in ``refused`` (index -> reason; its frames are zeros and are
+        not to be scored), and the others keep theirs. Without ``refused`` such a rollout is an ``InputError``.
+        Rollouts already in ``refused`` are decoded from zeros, so they cannot touch the others."""
         t = time.perf_counter()
+        given = {} if refused is None else refused
         z = torch.from_numpy(np.array(latents, dtype=np.float32)) / sigma_data  # a copy: the body's bytes are read-only
-        z = (z * self.std + self.mean).to(self.device, self.dtype)
-        x = self.vae.decode(z).sample  # [B, 3, T, H, W] in [-1, 1]
-        levels = ((x.float() + 1.0) / 2.0 * 255.0).round().clamp(0, 255).to(torch.uint8)
+        z = z * self.std + self.mean
+        self._drop(z, given, "its latents are not finite once divided by sigma_data")
+        x = self.vae.decode(z.to(self.device, self.dtype)).sample  # [B, 3, T, H, W] in [-1, 1]
+        del z
+        self._drop(x, given, "its decoded frames are not finite (the VAE overflowed)")
+        x = x.float()  # in place from here on: no float copy of the whole video beside it
+        levels = x.add_(1.0).mul_(127.5).round_().clamp_(0, 255).to(torch.uint8)
+        del x
         frames = levels.permute(0, 2, 3, 4, 1).contiguous().cpu().numpy()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        if refused is None and given:
+            raise InputError("latents", "; ".join(given[i] for i in sorted(given)))
         return frames, time.perf_counter() - t
+
+    @staticmethod
+    def _drop(x: torch.Tensor, refused: dict[int, str], why: str) -> None:
+        """Zero (in place) the rollouts of ``x`` [B, ...] that are refused or not finite, naming the new ones in ``refused``."""
+        for i in range(x.shape[0]):
+            if i not in refused and not bool(torch.isfinite(x[i]).all()):
+                refused[i] = f"rollout {i}: {why}; it is not scored"
+            if i in refused:
+                x[i].zero_()

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import InputError, RequestError
-from ..protocol import ContextUpload, GroupRequest, ScoreRequest, describe_validation_error
+from ..protocol import ContextUpload, ErrorCode, GroupRequest, ScoreRequest, describe_validation_error
 from .budget import prepared_bytes
 from .media import HASH_SECONDS, Media, ref_of, stored, to_media
 from .transport import parse_body
@@ -29,6 +29,8 @@ class Work:
         """CPU time hashing the contexts for the shared-context cache."""
         self.prepared_bytes = 0
         """An upper bound of the memory its prepared videos take (``nvrm.serve.budget``)."""
+        self.body_bytes = 0
+        """The size of the body it was parsed from (its media may be views into it)."""
 
     @property
     def size(self) -> int:
@@ -52,7 +54,7 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
             raise RequestError(*describe_validation_error(e)) from e
     if n > max_items:
         which = "max_request_items" if limits.max_request_items <= state.config.max_queue_items else "max_queue_items"
-        raise RequestError("request", f"has {n} items; the limit is {max_items} per request ({which})", 413, "too_large")
+        raise RequestError("request", f"has {n} items; the limit is {max_items} per request ({which})", code=ErrorCode.TOO_LARGE)
 
     def media(video, where: str, role: str = "candidate"):
         # only contexts are shared across requests, so only they are hashed
@@ -88,6 +90,7 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
         group = (req.prompt, context(req.context, "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
     work.hash_seconds = HASH_SECONDS.value
+    work.body_bytes = len(raw)
     videos = [(c.value, "context", c.key) for _, c, _ in work.items] + [(d.value, "candidate", "") for _, _, d in work.items] if work.items is not None else (
         [(work.group[1].value, "context", work.group[1].key)] + [(d.value, "candidate", "") for d in work.group[2]]  # type: ignore[index]
     )
@@ -112,9 +115,34 @@ def parse_upload(state, raw: bytes, content_type: str) -> dict[str, Any]:
     ref = ref_of(media, state.model.contract.fingerprint)
     kept, size = stored(media, ref)
     if state.store.max_bytes <= 0:
-        raise RequestError("context", "context uploads are off on this server (--context-store-mb 0)", 403, "forbidden")
+        raise RequestError("context", "context uploads are off on this server (--context-store-mb 0)", code=ErrorCode.FORBIDDEN)
     if not state.store.put(ref, kept, size):
-        raise RequestError("context", f"is {size} bytes, more than the whole context store ({state.store.max_bytes} bytes, --context-store-mb)", 413, "too_large")
+        raise RequestError("context", f"is {size} bytes, more than the whole context store ({state.store.max_bytes} bytes, --context-store-mb)", code=ErrorCode.TOO_LARGE)
     return {"ref": ref, "bytes": size}
 
 
+
+
+PULL_BODY_BYTES = 64 * 1024
+"""The most a cosmos-rl pull body (a form with a uuid and a type) may hold, under ``--max-body-mb`` too."""
+
+
+async def read_pull(request, max_bytes: int, timeout_s: float | None) -> tuple[str, str]:
+    """The ``uuid`` and ``type`` of a ``POST /api/reward/pull`` form (urlencoded or multipart), its body read
+    like every other one: refused (413) past ``min(max_bytes, PULL_BODY_BYTES)`` while it streams in, and
+    (408) when it has not arrived within ``timeout_s``. Only then is the bounded body parsed as a form."""
+    from starlette.formparsers import MultiPartException
+    from starlette.requests import Request
+
+    from .transport import read_body
+
+    raw = bytes(await read_body(request, min(max_bytes, PULL_BODY_BYTES), timeout_s))
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    try:
+        form = await Request(request.scope, receive).form()
+    except MultiPartException as e:
+        raise RequestError("pull body", f"is not a valid form ({e.message})") from e
+    return str(form.get("uuid", "")), str(form.get("type", "") or "")
