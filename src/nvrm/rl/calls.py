@@ -126,11 +126,17 @@ def score_call(
 ) -> tuple[list[Any], list[list[int]], dict[int, str], list[Any]]:
     """(rewards after shaping and the failure policy, groups, errors, raw results) for one call."""
     n = len(call.prompts)
+    # one grouping for the call (the contexts keyed once): scoring, shaping and failure fills all use it,
+    # refused items included, so a refused item gets its own group's mean
+    every = group_items(call.prompts, call.contexts)
     ok = [i for i in range(n) if i not in call.errors]
     results: list[Any] = [None] * n
     groups: list[list[int]] = []
     if ok:
-        got, sub_groups = source.score([call.prompts[i] for i in ok], [call.contexts[i] for i in ok], [call.candidates[i] for i in ok])
+        position = {i: k for k, i in enumerate(ok)}
+        scored = [[position[i] for i in g if i in position] for g in every]
+        got, sub_groups = source.score([call.prompts[i] for i in ok], [call.contexts[i] for i in ok], [call.candidates[i] for i in ok],
+                                       groups=[g for g in scored if g])
         for k, i in enumerate(ok):
             results[i] = got[k]
         groups = [[ok[k] for k in g] for g in sub_groups]
@@ -142,9 +148,6 @@ def score_call(
     if monitor is not None:
         monitor.check(groups, call.candidates, rewards)
         monitor.failures(errors)
-    # shaping and failure fills act on the same groups, refused items included, so a refused item
-    # gets its own group's mean
-    every = group_items(call.prompts, call.contexts)
     if normalize is not None and normalize.active:
         rewards = normalize(rewards, every)
     return policy.apply(rewards, every, errors), every, errors, results

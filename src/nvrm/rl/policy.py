@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import ConfigError, RewardFnError, ZeroSignalWarning
+from .identity import all_same, input_key  # noqa: F401 - input_key: its name here before the one rule
 
 log = logging.getLogger("nvrm")
 
@@ -149,21 +150,6 @@ class Normalize:
         return out
 
 
-def input_key(value: Any) -> Any:
-    """What makes two candidate inputs the same input (paths, bytes, one object); None if unknown."""
-    import hashlib
-    import os
-
-    if isinstance(value, (str, os.PathLike)):
-        return ("path", os.path.abspath(os.fspath(value)))
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return ("bytes", hashlib.sha256(bytes(value)).hexdigest())
-    frames = getattr(value, "frames", None)
-    if frames is not None:
-        return ("object", id(frames))
-    return ("object", id(value)) if value is not None else None
-
-
 class SignalMonitor:
     """Warns once per run (per adapter) when a step can carry no learning signal.
 
@@ -201,8 +187,8 @@ class SignalMonitor:
     def check(self, groups: Sequence[Sequence[int]], candidates: Sequence[Any], rewards: Sequence[Any]) -> None:
         for idx in groups:
             if len(idx) > 1:
-                keys = {input_key(candidates[i]) for i in idx}
-                if len(keys) == 1 and None not in keys:
+                group = [candidates[i] for i in idx]
+                if group[0] is not None and all_same(group):  # identity's rule; stops at the first difference
                     self._warn("identical", f"all {len(idx)} candidates of a group are the same input ({_show(candidates[idx[0]])})")
                     break
         scored = [r for r in rewards if r is not None and not (isinstance(r, float) and math.isnan(r))]

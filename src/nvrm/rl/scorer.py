@@ -16,24 +16,17 @@ import threading
 from typing import Any, Sequence
 
 from ..errors import ConfigError, InternalError, NvrmError
+from .identity import input_key, input_keys
+
 
 def context_key(prompt: Any, context: Any) -> tuple:
     """What makes two items one group: the same prompt and the same context (pure).
 
-    A path is the same context as another spelling of that path, bytes are compared by content, a
-    missing context (the no_context opt-in) is one context per prompt, and any other object (a
-    ``Clip``, frames, a tensor) is the same context only as itself.
+    The context by ``nvrm.rl.identity``'s rule: equal content is one context, whatever object
+    carries it (a path by the file it resolves to, bytes, arrays, tensors, images and ``Clip`` frames
+    by their bytes); a missing context (the no_context opt-in) is one context per prompt.
     """
-    import hashlib
-
-    p = prompt if isinstance(prompt, str) else repr(prompt)
-    if isinstance(context, (str, os.PathLike)):
-        return (p, "path", os.path.abspath(os.fspath(context)))
-    if isinstance(context, (bytes, bytearray, memoryview)):
-        return (p, "bytes", hashlib.sha256(bytes(context)).hexdigest())
-    if context is None:
-        return (p, "none")
-    return (p, "object", id(context))
+    return (_prompt_of(prompt), input_key(context))
 
 
 def group_items(prompts: Sequence[Any], contexts: Sequence[Any]) -> list[list[int]]:
@@ -41,11 +34,16 @@ def group_items(prompts: Sequence[Any], contexts: Sequence[Any]) -> list[list[in
 
     The one grouping rule of every RL adapter: a group is scored with one shared prefix, and its
     scored items are what ``on_error="group_mean"`` and ``Normalize(group_whiten=True)`` average.
+    The contexts are keyed once for the call (``input_keys``: a copy costs one comparison with the first).
     """
     groups: dict[tuple, list[int]] = {}
-    for i, (p, c) in enumerate(zip(prompts, contexts)):
-        groups.setdefault(context_key(p, c), []).append(i)
+    for i, (p, k) in enumerate(zip(prompts, input_keys(contexts))):
+        groups.setdefault((_prompt_of(p), k), []).append(i)
     return list(groups.values())
+
+
+def _prompt_of(prompt: Any) -> str:
+    return prompt if isinstance(prompt, str) else repr(prompt)
 
 
 _MODELS: dict[tuple, Any] = {}
@@ -123,11 +121,15 @@ class RewardSource:
     def remote(self) -> bool:
         return self.client is not None
 
-    def score(self, prompts: Sequence[str], contexts: Sequence[Any], candidates: Sequence[Any]) -> tuple[list[Any], list[list[int]]]:
-        """(per item: ``ScoreResult`` or ``NvrmError``, the groups used), in input order."""
+    def score(
+        self, prompts: Sequence[str], contexts: Sequence[Any], candidates: Sequence[Any], groups: Sequence[Sequence[int]] | None = None
+    ) -> tuple[list[Any], list[list[int]]]:
+        """(per item: ``ScoreResult`` or ``NvrmError``, the groups used), in input order.
+
+        ``groups``: the call's ``group_items`` when the caller has it already (the contexts are keyed once per call)."""
         if not (len(prompts) == len(contexts) == len(candidates)):
             raise ConfigError(f"prompts, contexts and candidates differ in length ({len(prompts)}, {len(contexts)}, {len(candidates)})")
-        plan = group_items(prompts, contexts)
+        plan = [list(g) for g in groups] if groups is not None else group_items(prompts, contexts)
         results: list[Any] = [None] * len(prompts)
         groups = [idx for idx in plan if len(idx) > 1]
         singles = [idx[0] for idx in plan if len(idx) == 1]

@@ -16,7 +16,7 @@ from ..errors import ConfigError, RewardFnError
 from .calls import check_items, completion_as_path, off_contract, refuse_unknown, score_call
 from .policy import FailurePolicy, SignalMonitor
 from .render import render_all, resolve, row_of
-from .scorer import RewardSource, group_items, registry
+from .scorer import RewardSource, registry
 
 VERL_EXTRAS = {"reward_router_address", "reward_model_tokenizer"}
 """Keyword arguments verl itself adds to a call; not settings, so not used."""
@@ -115,9 +115,9 @@ class VerlScorer:
     def _outcomes(self, items: list[tuple]) -> list[Any]:
         """One dict or one error per item (the per-sample path: a failure fails only its caller)."""
         call = self._call(items)
-        rewards, _, errors, results = score_call(self.source, call, policy=FailurePolicy("none"), normalize=None, monitor=self.monitor)
+        rewards, groups, errors, results = score_call(self.source, call, policy=FailurePolicy("none"), normalize=None, monitor=self.monitor)
         if errors and self.policy.mode != "raise":
-            rewards = self.policy.apply(rewards, _groups(call), errors)
+            rewards = self.policy.apply(rewards, groups, errors)
         flags = off_contract(results)
         return [
             RewardFnError({i: errors[i]}, len(items)) if r is None
@@ -144,10 +144,6 @@ class VerlScorer:
 
     def single(self, item: tuple) -> dict:
         return self.batcher.submit(item)
-
-
-def _groups(call) -> list[list[int]]:
-    return group_items(call.prompts, call.contexts)
 
 
 def _digest(items: list[tuple]) -> str:
