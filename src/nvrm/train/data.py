@@ -17,6 +17,8 @@ of three places (``mode``):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -81,6 +83,14 @@ def pair_videos(p: Pair) -> list[tuple[str, str]]:
     return keys + [(p.rejected_context, "context")] if p.rejected_context else keys
 
 
+def pairs_digest(pairs: Sequence[Pair]) -> str:
+    """sha256 over every field of every pair, in order: two ranks train on the same pairs when it agrees."""
+    h = hashlib.sha256()
+    for p in pairs:
+        h.update(json.dumps(dataclasses.asdict(p), sort_keys=True).encode() + b"\n")
+    return h.hexdigest()
+
+
 class Feed:
     """Pairs -> encoded pairs through the engine, each video from ``files``, ``memory`` or a ``store``."""
 
@@ -123,7 +133,7 @@ class Feed:
             return None if bad is None else str(bad)
         if self.mode == "store":
             missing = self.store.missing(pair_videos(p))
-            return None if not missing else f"{missing[0][0]} is not in the prepared-input store as a {missing[0][1]} (or changed since); rebuild it"
+            return None if not missing else self.store.why_missing(*missing[0])
         return None
 
     def _video(self, source: str, role: str) -> Any:

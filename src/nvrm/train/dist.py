@@ -7,7 +7,10 @@ believing it is rank 0) and refuses, in one line, a launch that asked for severa
 did not give them distinct ranks (``accelerate launch --cpu --num_processes 2`` starts one).
 
 Every rank takes part in every collective in the same order whatever its data did, so a pair that
-fails on one rank never leaves another waiting.
+fails on one rank never leaves another waiting. Before the model is wrapped and again before the
+first step, the ranks compare what they were given (``Ranks.agree``: the settings and base bundle,
+then a digest of the pairs and the resumed position): ranks launched with different pairs files or
+settings would otherwise train "together" on schedules that do not match; they stop, naming both.
 """
 
 from __future__ import annotations
@@ -31,6 +34,22 @@ def launch_problem(env: dict[str, str]) -> str | None:
         )
     if world is not None and (not world.isdigit() or int(world) < 1):
         return f"WORLD_SIZE={world!r} is not a positive whole number"
+    return None
+
+
+def disagreement(seen: Sequence[dict[str, list[str]]]) -> str | None:
+    """The first fact the ranks disagree on, as one line naming it, rank 0's value and the first other rank's (pure).
+
+    ``seen`` holds every rank's facts in rank order, each a name -> [what is compared, what is shown]; None when
+    every rank has the same."""
+    for name in dict.fromkeys(k for facts in seen for k in facts):
+        values = [facts.get(name) for facts in seen]
+        compared = [None if v is None else v[0] for v in values]
+        other = next((r for r, v in enumerate(compared) if v != compared[0]), None)
+        if other is not None:
+            shown = ["nothing (it is missing there)" if v is None else v[1] for v in values]
+            return (f"the {len(seen)} ranks of this run disagree on {name}: rank 0 has {shown[0]}, rank {other} has {shown[other]}; "
+                    "launch every rank with the same base bundle, pairs files and settings")
     return None
 
 
@@ -101,6 +120,15 @@ class Ranks:
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
+
+    def agree(self, facts: dict[str, list[str]]) -> None:
+        """Refuse, on every rank and in one line (``ConfigError``), a run whose ranks disagree on any of ``facts``
+        (name -> [what is compared, what is shown]); a no-op alone."""
+        if self.world == 1:
+            return
+        problem = disagreement(self.gather(facts, to_all=True) or [])
+        if problem:
+            raise ConfigError(problem)
 
     def check_all(self, error: BaseException | None) -> None:
         """Every rank raises if any rank failed a step they all depend on: a rank its own error, the others

@@ -18,6 +18,11 @@ Layout of a store folder:
   shards into one folder at once: shard ids are unique.
 - A store records the preprocessing fingerprint (the contract plus the bundle's processor,
   tokenizer and template files); a model with another fingerprint refuses it in one line.
+- So does every shard, in its index and in its safetensors header: a shard copied in from a store
+  of another contract is never read. Each shard with an index is checked when the store is read
+  (its fingerprint, its header, its size against the header, the tensors its index names); the
+  videos of a damaged or foreign shard count as not stored, so a rebuild prepares them again and a
+  reader names the shard and the reason.
 - Never pickle: safetensors and JSON only.
 """
 
@@ -86,7 +91,7 @@ def _atomic_json(path: Path, body: Any) -> None:
 class StoreWriter:
     """Adds prepared videos to a store folder, one shard at a time (thread-safe)."""
 
-    def __init__(self, folder: str | os.PathLike, fingerprint: str, shard_bytes: int = SHARD_BYTES):
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, shard_bytes: int = SHARD_BYTES, contract: str | None = None):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         meta = self.folder / "store.json"
@@ -95,6 +100,7 @@ class StoreWriter:
         else:
             _atomic_json(meta, {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint})
         self.fingerprint = fingerprint
+        self.contract = contract
         self.shard_bytes = shard_bytes
         self._tensors: dict[str, torch.Tensor] = {}
         self._entries: list[dict[str, Any]] = []
@@ -128,11 +134,12 @@ class StoreWriter:
             return
         shard = f"shard-{uuid.uuid4().hex[:16]}"
         tmp = self.folder / f".{shard}.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": FORMAT})
+        stamp = {"fingerprint": self.fingerprint, **({"contract": self.contract} if self.contract else {})}
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, **stamp})
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self.folder / f"{shard}.safetensors")
-        _atomic_json(self.folder / f"{shard}.index.json", {"shard": shard, "entries": entries})
+        _atomic_json(self.folder / f"{shard}.index.json", {"shard": shard, "entries": entries, **stamp})
         self.shards_written += 1
 
     def close(self) -> None:
@@ -157,18 +164,86 @@ def check_meta(folder: Path, fingerprint: str) -> dict[str, Any]:
     return meta
 
 
-def read_entries(folder: Path) -> dict[tuple[str, str], Entry]:
-    """(absolute path, role) -> its entry, from every complete shard's index (the newest wins)."""
+def _read_header(path: Path) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """(where the data starts, the tensor table, the metadata) of a safetensors file's header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n <= 64 << 20:
+            raise ValueError(f"header of {n} bytes")
+        table = json.loads(f.read(n))
+    if not isinstance(table, dict):
+        raise ValueError("the header is not a JSON object")
+    meta = table.pop("__metadata__", None)
+    return 8 + n, table, meta if isinstance(meta, dict) else {}
+
+
+def _stamp_problem(what: str, stamp: dict[str, Any], fingerprint: str | None, contract: str | None) -> str | None:
+    """Why a shard's recorded fingerprint (in its index or its header) is not this store's (None: it is)."""
+    if fingerprint is not None and stamp.get("fingerprint") != fingerprint:
+        if not stamp.get("fingerprint"):
+            return f"records no preprocessing fingerprint in its {what} (an older nvrm wrote it, or it was copied in)"
+        return (f"was built with preprocessing {str(stamp['fingerprint'])[:12]} ({what}), and this store's is {fingerprint[:12]} "
+                "(copied in from a store of another contract, processor, tokenizer or template)")
+    if contract is not None and stamp.get("contract") not in (None, contract):
+        return f"was built for contract {str(stamp['contract'])[:12]} ({what}), and this store's is {contract[:12]}"
+    return None
+
+
+def shard_problem(folder: Path, body: dict[str, Any], fingerprint: str | None, contract: str | None = None) -> str | None:
+    """Why the shard an index ``body`` describes cannot be read (None: it can): another store's, or damaged."""
+    problem = _stamp_problem("index", body, fingerprint, contract)
+    if problem:
+        return problem
+    path = Path(folder) / f"{body['shard']}.safetensors"
+    try:
+        start, table, meta = _read_header(path)
+        size = path.stat().st_size
+        end = max((int(t["data_offsets"][1]) for t in table.values()), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    if size != start + end:
+        return f"is truncated or damaged ({size} bytes, and its header describes {start + end})"
+    problem = _stamp_problem("header", meta, fingerprint, contract)
+    if problem:
+        return problem
+    lacking = [e["key"] for e in body["entries"] if not {_tensor_name(e["key"], "pixels"), _tensor_name(e["key"], "grid")} <= table.keys()]
+    return f"lacks the tensors of {len(lacking)} video(s) its index names ({lacking[0]})" if lacking else None
+
+
+def _store_fingerprint(folder: Path) -> str | None:
+    try:
+        return json.loads((Path(folder) / "store.json").read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def scan(folder: Path, contract: str | None = None) -> tuple[dict[tuple[str, str], Entry], dict[tuple[str, str], str]]:
+    """(absolute path, role) -> its entry, from every complete, sound shard of this store (the newest wins); and
+    (path, role) -> why, for the videos stored only in a shard that cannot be used (damaged, or another store's)."""
+    folder = Path(folder)
+    fingerprint = _store_fingerprint(folder)
     out: dict[tuple[str, str], Entry] = {}
-    for index in sorted(Path(folder).glob("shard-*.index.json"), key=lambda p: p.stat().st_mtime_ns):
+    lost: dict[tuple[str, str], str] = {}
+    for index in sorted(folder.glob("shard-*.index.json"), key=lambda p: p.stat().st_mtime_ns):
         try:
             body = json.loads(index.read_text())
-        except (OSError, ValueError) as e:
+            entries = [Entry(e["key"], e["role"], e["path"], e["size"], e["mtime_ns"], tuple(e["times"]), body["shard"])
+                       for e in body["entries"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise InputError(str(index), f"is unreadable ({' '.join(str(e).split())[:120]}); delete it and its shard, then rebuild (nvrm prefs prepare resumes)") from e
-        for e in body["entries"]:
-            entry = Entry(e["key"], e["role"], e["path"], e["size"], e["mtime_ns"], tuple(e["times"]), body["shard"])
-            out[(entry.path, entry.role)] = entry
-    return out
+        own = index.name[: -len(".index.json")]
+        problem = shard_problem(folder, body, fingerprint, contract) if body["shard"] == own else f"is named by {index.name}, not by its own index"
+        for entry in entries:
+            if problem is None:
+                out[(entry.path, entry.role)] = entry
+            else:
+                lost[(entry.path, entry.role)] = f"shard {folder / (entry.shard + '.safetensors')} {problem}"
+    return out, {k: v for k, v in lost.items() if k not in out}
+
+
+def read_entries(folder: Path) -> dict[tuple[str, str], Entry]:
+    """(absolute path, role) -> its entry, from every complete and sound shard's index (the newest wins; see ``scan``)."""
+    return scan(folder)[0]
 
 
 class StoreReader:
@@ -182,8 +257,9 @@ class StoreReader:
     def __init__(self, folder: str | os.PathLike, fingerprint: str, contract: str):
         self.folder = Path(folder)
         check_meta(self.folder, fingerprint)
+        self.fingerprint = fingerprint
         self.contract = contract
-        self.entries = read_entries(self.folder)
+        self.entries, self.lost = scan(self.folder, contract)
         self._handles: "OrderedDict[str, tuple[int, dict[str, Any]]]" = OrderedDict()  # shard -> its header
         self._lock = threading.Lock()
 
@@ -205,6 +281,13 @@ class StoreReader:
                 pass  # a store may outlive its source files: the stored video is what is read
         return out
 
+    def why_missing(self, path: str, role: str) -> str:
+        """Why the video at ``path`` (as a ``role``) cannot be read from this store: one line naming it and the fix."""
+        lost = self.lost.get((os.path.abspath(path), role))
+        if lost is not None:
+            return f"{path} is stored only in an unusable {lost}; rebuild the store (nvrm prefs prepare resumes)"
+        return f"{path} is not in the prepared-input store as a {role} (or changed since); rebuild it"
+
     def _header(self, shard: str) -> tuple[int, dict[str, Any]]:
         """(where the data starts, the tensor table) of a shard's safetensors header (cached; a few KB each)."""
         with self._lock:
@@ -212,17 +295,15 @@ class StoreReader:
             if hit is not None:
                 self._handles.move_to_end(shard)
                 return hit
-        with open(self.folder / f"{shard}.safetensors", "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if not 0 < n <= 64 << 20:
-                raise ValueError(f"header of {n} bytes")
-            table = json.loads(f.read(n))
-        table.pop("__metadata__", None)
+        start, table, meta = _read_header(self.folder / f"{shard}.safetensors")
+        problem = _stamp_problem("header", meta, self.fingerprint, self.contract)  # checked when read, not only at the root
+        if problem:
+            raise ValueError(problem)
         with self._lock:
-            self._handles[shard] = (8 + n, table)
+            self._handles[shard] = (start, table)
             while len(self._handles) > 4096:
                 self._handles.popitem(last=False)
-        return 8 + n, table
+        return start, table
 
     def _read(self, shard: str, name: str) -> torch.Tensor:
         """One tensor read with ``pread`` into memory of its own: no memory map keeps the shard's pages resident."""
@@ -270,15 +351,20 @@ def pending(videos: Iterable[tuple[str, str]], folder: str | os.PathLike) -> tup
     return todo, skipped
 
 
-def build_store(model, videos: Iterable[tuple[str, str]], folder: str | os.PathLike, *, shard_bytes: int = SHARD_BYTES, on_error=None) -> dict[str, Any]:
+def build_store(model, videos: Iterable[tuple[str, str]], folder: str | os.PathLike, *, shard_bytes: int = SHARD_BYTES, on_error=None,
+                say=None) -> dict[str, Any]:
     """Prepare every (path, role) of ``videos`` not stored yet, through ``model``'s engine, into ``folder``.
 
     Returns counts: ``stored`` (now), ``skipped`` (already there), ``failed`` (each failure goes to
-    ``on_error(path, role, error)``; nothing is stored for it).
+    ``on_error(path, role, error)``; nothing is stored for it). A video stored only in a damaged or
+    foreign shard is prepared again (``say`` hears about each such shard once).
     """
     from ..errors import NvrmError
 
-    writer = StoreWriter(folder, model.fingerprint, shard_bytes)
+    writer = StoreWriter(folder, model.fingerprint, shard_bytes, contract=model.contract.fingerprint)
+    if say is not None:
+        for why in sorted(set(scan(Path(folder))[1].values())):
+            say(f"nvrm: prepared-input store: {why}; its videos are prepared again")
     todo, skipped = pending(videos, folder)
     stored = failed = 0
     window = max(8, 4 * model.engine.workers)

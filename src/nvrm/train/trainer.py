@@ -16,6 +16,7 @@ Only rank 0 writes files (metrics, checkpoints, the export, the summary); the ot
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -26,14 +27,14 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, TrainingError
 from ..forward.model import DTYPES, RewardHead
 from ..prefs.pairs import Pair, PairProblem, read_pairs
 from ..report.evaluate import PairOutcome, summarize
 from ..scoring.reward_model import RewardModel
 from . import checkpoint
 from .config import VISION_LORA_TARGETS, TrainConfig
-from .data import Feed, StepPlan, pair_videos
+from .data import Feed, StepPlan, pair_videos, pairs_digest
 from .dist import Ranks
 from .loop import Loop, Progress
 from .reward_module import RewardForward
@@ -65,12 +66,14 @@ class Trainer:
         if not self.lora_params:
             raise InputError(f"lora_targets={list(config.lora_targets)}", "matched no layer of the language model")
         ckpt = config.gradient_checkpointing if config.gradient_checkpointing is not None else self.device.type == "cuda"
+        self.ranks.agree(run_facts(config, self.rm))  # before DDP compares shapes: one line naming both ranks, not a crash
         self.module = self.ranks.accelerator.prepare(RewardForward(self.rm.runtime, self.head, checkpointing=ckpt))
         self.optimizer = self._optimizer()
         self.progress = Progress()
         self.tau = 0.0
         self.store = store
         self.feed = self._feed()
+        self.sources: dict[str, str] = {}  # digest of the pairs load_pairs returned -> where they came from
 
     # ------------------------------------------------------------ set-up
 
@@ -127,6 +130,7 @@ class Trainer:
         out = self.feed.ready(good, what)
         if not out:
             raise InputError(str(path), f"no usable {what} pairs")
+        self.sources[pairs_digest(out)] = f"{len(out)} pairs from {path}"
         self.say(f"nvrm train: {len(out)} {what} pairs ready ({len(rows) - len(out)} skipped)")
         return out
 
@@ -136,7 +140,8 @@ class Trainer:
 
         videos = sorted({k for f in pairs_files for r in read_pairs(f) if isinstance(r, Pair) for k in pair_videos(r)})
         share = videos[self.ranks.rank :: self.ranks.world]
-        counts = build_store(self.rm, share, self.store, on_error=lambda p, role, e: self.say(f"nvrm train: skipped {role} {p}: {e}"))
+        counts = build_store(self.rm, share, self.store, on_error=lambda p, role, e: self.say(f"nvrm train: skipped {role} {p}: {e}"),
+                             say=self.say if self.ranks.is_main else None)
         totals = dict(zip(counts, self.ranks.sum(list(counts.values()))))
         self.ranks.barrier()
         self.feed = self._feed()
@@ -185,6 +190,7 @@ class Trainer:
     def train(self, train_pairs: Sequence[Pair], eval_pairs: Sequence[Pair] | None = None) -> dict[str, Any]:
         """Train to the end (or ``stop_after_steps``); returns steps, seconds, world size and whether it stopped early."""
         cfg, r = self.cfg, self.ranks
+        r.agree(data_facts(train_pairs, eval_pairs, self.progress, self.sources))  # before the first step
         self.tau = self._tie_margin(train_pairs)
         plan = StepPlan(len(train_pairs), cfg.batch_pairs, cfg.grad_accum, cfg.seed)
         self.total_steps = plan.steps_per_epoch * cfg.epochs
@@ -226,6 +232,9 @@ class Trainer:
                 return True
             if pr.step % cfg.save_every == 0 and pr.micro < plan.micro_per_epoch:
                 self.save()
+        if pr.step == 0:  # every pair of a whole epoch was skipped, on every rank (each was reported)
+            raise TrainingError(f"no training pair was usable: all {plan.n_pairs} were skipped (the reasons are above); "
+                                "nothing is trained or exported")
         pr.epoch, pr.micro = pr.epoch + 1, 0
         if eval_pairs and not cfg.eval_every:
             self._evaluate_and_log(eval_pairs, metrics)
@@ -274,12 +283,7 @@ class Trainer:
 
     def weights_digest(self) -> str:
         """sha256 of this rank's trainable weights (every rank's must agree)."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for p in self.lora_params + list(self.head.parameters()):
-            h.update(p.detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()
+        return _digest(self.lora_params + list(self.head.parameters()))
 
     def export(self, out: str | Path, train_file: str | Path, eval_file: str | Path | None, summary: dict[str, Any]):
         """Rank 0 merges LoRA and writes the bundle (``nvrm.train.export``); (path, merged model) there, (None, None) elsewhere."""
@@ -288,3 +292,32 @@ class Trainer:
         result = export_trained(self, Path(out), train_file, eval_file, summary) if self.ranks.is_main else (None, None)
         self.ranks.barrier()
         return result
+
+
+def _digest(params: Sequence[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_facts(config: TrainConfig, rm: RewardModel) -> dict[str, list[str]]:
+    """What every rank of a run must share before the model is wrapped: each setting and the base bundle
+    (name -> [what is compared, what is shown]; see ``Ranks.agree``)."""
+    facts = {name: [json.dumps(value, sort_keys=True), json.dumps(value)] for name, value in config.to_dict().items()}
+    shown = f"revision {rm.revision} (preprocessing {rm.fingerprint[:12]}) at {rm.path}"
+    facts["the base bundle"] = [f"{rm.revision}:{rm.fingerprint}", shown]
+    return facts
+
+
+def data_facts(train_pairs: Sequence[Pair], eval_pairs: Sequence[Pair] | None, progress: Progress,
+               sources: dict[str, str]) -> dict[str, list[str]]:
+    """What every rank must share before the first step: the pairs (a digest of every field of every pair, shown
+    with the file they came from) and where a resumed run starts."""
+    facts = {}
+    for what, pairs in (("the training pairs", train_pairs), ("the eval pairs", eval_pairs or [])):
+        digest = pairs_digest(pairs)
+        facts[what] = [digest, f"{sources.get(digest, f'{len(pairs)} pairs')} (sha256 {digest[:12]})"]
+    at = f"step {progress.step}, epoch {progress.epoch + 1}, micro-batch {progress.micro}"
+    facts["the position it resumes from"] = [at, at]
+    return facts
