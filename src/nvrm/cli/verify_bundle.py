@@ -14,6 +14,7 @@ def add_verify_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm verify``: the bundle directory and ``--no-cache``."""
     p.add_argument("bundle", help="bundle directory")
     p.add_argument("--no-cache", action="store_true", help="re-hash every file instead of using the digest cache")
+    p.add_argument("--source", help="for an `nvrm export` folder: its source bundle (default: the path the export recorded)")
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -24,6 +25,13 @@ def run_verify(args: argparse.Namespace) -> int:
     bundle = Path(args.bundle)
     if not bundle.is_dir():
         raise BundleError(f"{bundle}: no such bundle directory")
+    from ..bundle.vllm_export import is_export, verify_export
+
+    if is_export(bundle):  # an export: its own files, then tensor by tensor against the source bundle
+        check = verify_export(bundle, args.source)
+        rev = f", revision {check.revision}" if check.revision else ""
+        print(f"{bundle}: OK, {check.files} file(s) match NVRM_EXPORT.json; {check.tensors} tensors equal {check.source}'s{rev}")
+        return 0
     report = verify_bundle(bundle, use_cache=not args.no_cache)
     from ..bundle.load import check_weight_shapes, read_config
 

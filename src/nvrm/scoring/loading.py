@@ -99,6 +99,17 @@ def resolve_settings(settings: LoadSettings | None, shortcuts: dict[str, Any], o
     return settings.replace(**{k: v for k, v in {**shortcuts, **overrides}.items() if v is not None})
 
 
+def head_dtype_for(contract: Contract, dtype: str) -> str:
+    """The dtype the reward head runs in for a backbone in ``dtype``: a float32 run is float32 throughout.
+
+    The release's reward is the bfloat16 head's logit (``contract.head_dtype``); a float32 backbone under that
+    head still rounded every reward to bfloat16 (5e-3 from a float32 reference). So ``dtype="float32"`` runs
+    the head in float32 too; bfloat16 and float16 runs keep the contract's. Like the backbone's dtype, this is
+    a run setting: the contract and its (preprocessing) fingerprint are unchanged, since the frames and tokens
+    are the same. docs/contract.md ("Float32 runs")."""
+    return "float32" if dtype == "float32" else contract.head_dtype
+
+
 def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract: Contract | None = None) -> dict[str, Any]:
     """Everything ``RewardModel(...)`` takes, loaded from a bundle (verified unless the settings say not to)."""
     path = resolve_bundle(path_or_repo, settings.revision)
@@ -115,7 +126,7 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
         )
     backbone = load_backbone(path, config, DTYPES[settings.dtype], attn)
     weight, bias = load_head(path, config.text_config.hidden_size)
-    head = RewardHead(weight, bias, DTYPES[contract.head_dtype])
+    head = RewardHead(weight, bias, DTYPES[head_dtype_for(contract, settings.dtype)])
     processor = load_processor(path)
     revision = report.revision if report else manifest_revision(path)
     backbone.to(dev)

@@ -150,12 +150,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "deep": ArchSpec(num_layers=36),
     "mid": MID_SPEC,
     "4b": QWEN3_VL_4B_SPEC,
+    "tiny32": ArchSpec(head_dim=32, mrope_section=(4, 6, 6), vision_hidden=64, vision_intermediate=128),
 }
 """The one registry of named architectures (tests, benchmarks, scripts): ``ArchSpec.from_name``.
 
 - ``tiny``: 2 text layers, hidden 64 (unit and integration tests);
 - ``deep``: the tiny widths at the release's depth, 36 text layers (drift at depth);
 - ``mid``: a few tens of MB (CPU benchmarks);
+- ``tiny32``: the tiny widths with head dims of 32 in text and vision (vLLM's CPU attention has no 16);
 - ``4b``: the Qwen3-VL-4B shapes (GPU benchmarks)."""
 
 

