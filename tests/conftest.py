@@ -50,10 +50,20 @@ def pytest_unconfigure(config):
     shutil.rmtree(root, ignore_errors=True)
 
 
+SLOW_TIERS = ("e2e", "hostile", "trainers", "versions")
+"""Tiers whose tests start servers, subprocesses, trainers or other environments: all of them count as ``slow``."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests that compare against transformers' own forward run only where it computes the release's numerics."""
+    """Every test in a slow tier carries the ``slow`` marker (``make check`` leaves them out); tests that compare
+    against transformers' own forward run only where it computes the release's numerics."""
     from nvrm.forward import compat
 
+    here = Path(__file__).resolve().parent
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(here).parts if str(item.fspath).startswith(str(here)) else ()
+        if parts and parts[0] in SLOW_TIERS:
+            item.add_marker(pytest.mark.slow)
     if compat.SHARES_RELEASE_VISION_NUMERICS:
         return
     import transformers

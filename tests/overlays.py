@@ -7,23 +7,53 @@ A venv of its own would install torch again (5.5 GB from the local wheel cache f
 an overlay holds only the packages that differ from this environment for that transformers
 (transformers, huggingface_hub, tokenizers and their new dependencies, about 120-160 MB), resolved
 by pip against this environment, so the exact same torch build runs under every version.
-Overlays are kept under ``.venv/matrix/`` (``NVRM_MATRIX_DIR`` elsewhere), so a second
-``make test`` downloads nothing.
+Overlays and the trainers' venvs are cached outside the clone, under ``NVRM_TEST_ENVS`` (``make``
+sets ``~/.cache/nvrm/test-envs``; without it, ``.venv/matrix/``), each in a folder keyed by what it
+installs and the interpreter and torch it installs against: a second ``make test``, or a fresh clone
+on the same machine, builds nothing, and a changed pin builds a new folder instead of reusing a
+stale one. A build holds a lock on its folder, so two runs never build one environment at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def matrix_dir() -> Path:
-    return Path(os.environ.get("NVRM_MATRIX_DIR", ROOT / ".venv" / "matrix"))
+    """Where cached test environments live (outside the clone when ``NVRM_TEST_ENVS`` is set, as ``make`` does)."""
+    return Path(os.environ.get("NVRM_TEST_ENVS") or os.environ.get("NVRM_MATRIX_DIR") or ROOT / ".venv" / "matrix")
+
+
+def env_key(name: str, spec: object) -> str:
+    """A folder name for an environment: ``name`` plus a digest of what it installs, this interpreter, its torch and the
+    release profile's pins (an overlay is resolved against this environment, so it is only valid beside the same pins)."""
+    import torch
+
+    pins = (ROOT / "constraints" / "release.txt").read_text()
+    blob = json.dumps([spec, sys.version, torch.__version__, pins])
+    return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def building(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock for building ``target`` (another run waits, then finds it built)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def overlay(requirements: list[str], name: str, *, no_deps: bool = False) -> Path:
@@ -31,7 +61,12 @@ def overlay(requirements: list[str], name: str, *, no_deps: bool = False) -> Pat
 
     ``no_deps``: exactly the packages named (for a package whose declared dependencies would bring
     another torch or a GPU stack, as cosmos-rl's do, when only its pure-Python parts run)."""
-    target = matrix_dir() / name
+    target = matrix_dir() / env_key(name, [requirements, no_deps])
+    with building(target):
+        return _build_overlay(target, requirements, no_deps)
+
+
+def _build_overlay(target: Path, requirements: list[str], no_deps: bool) -> Path:
     done = target / ".complete"
     if done.is_file() and json.loads(done.read_text()) == requirements:
         return target

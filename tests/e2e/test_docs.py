@@ -150,3 +150,61 @@ def test_the_documentation_site_builds_strictly(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert (tmp_path / "site" / "preference-data" / "index.html").is_file() and time.monotonic() - t0 < 300
+
+
+def _subparsers(parser) -> dict:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def _flags_of(parser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+def documented_commands(code: str) -> list[tuple[list[str], list[str]]]:
+    """Each ``nvrm`` command line in a snippet: (its subcommand path, the ``--flags`` it writes). Continued
+    lines (a trailing backslash) are joined; text after a ``#`` is a comment."""
+    joined = re.sub(r"\\\n", " ", code)
+    out = []
+    for line in joined.splitlines():
+        line = line.split(" # ", 1)[0]
+        for part in re.split(r"[|;&]{1,2}|\$\(", line):
+            words = part.replace("[", " ").replace("]", " ").split()
+            while words and (words[0] in ("sudo", "time", "exec") or "=" in words[0]):
+                words = words[1:]
+            if not words or Path(words[0]).name != "nvrm":
+                continue
+            path = [w for w in words[1:3] if re.fullmatch(r"[a-z][a-z-]*", w)]
+            flags = [w.split("=", 1)[0] for w in words if re.fullmatch(r"--[a-z0-9][a-z0-9-]*(=.*)?", w)]
+            out.append((path, flags))
+    return out
+
+
+def test_every_documented_flag_exists_in_the_parser():
+    """Every ``--flag`` written after ``nvrm SUBCOMMAND`` in any snippet, run or not run, is one the real parser
+    has (a ``not run`` synopsis can otherwise drift from the code unseen)."""
+    from nvrm.cli.main import build_parser
+
+    root = build_parser()
+    wrong, seen = [], 0
+    for s in ALL:
+        if s.lang not in SHELL:
+            continue
+        for path, flags in documented_commands(s.code):
+            parser, subs = root, _subparsers(root)
+            for word in path:
+                if word not in subs:
+                    break
+                parser, subs = subs[word], _subparsers(subs[word])
+            if parser is root:
+                wrong.append(f"{s.page}:{s.line}: nvrm {' '.join(path)}: no such command")
+                continue
+            known = _flags_of(parser)
+            seen += len(flags)
+            wrong += [f"{s.page}:{s.line}: nvrm {' '.join(path)} has no {f}" for f in flags if f not in known and f != "--help"]
+    assert not wrong, "documented flags the parser does not have:\n" + "\n".join(wrong)
+    assert seen > 50, seen  # the check read the docs' command lines

@@ -28,6 +28,7 @@ NUMERIC_TESTS = [
 INSIDE = "NVRM_CAPABILITY_MATRIX"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capability", CAPABILITIES)
 def test_numerics_hold_under_capability(capability):
     if os.environ.get(INSIDE):

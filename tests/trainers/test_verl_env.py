@@ -5,7 +5,8 @@ verl needs transformers 5 (``>=5.5.3,<5.11``), so it gets an environment of its 
 torchvision 0.29.1 (this machine's local wheels), verl 0.9.1 and nvrm built from this checkout, with
 every other dependency from the package registry as pip resolves them together (transformers 5.10.4;
 about 6.6 GB installed, 0.3 GB downloaded, about 3 minutes on 2 cores); ``pip check`` must be clean.
-``NVRM_VERL_ENV=DIR`` keeps and reuses that environment.
+The venv is cached outside the clone (``NVRM_TEST_ENVS``, keyed by what it installs; see
+``tests/overlays.py``); ``NVRM_VERL_ENV=DIR`` puts it elsewhere.
 
 - verl's loader finds ``compute_score`` by file path and its reward loop's ``NaiveRewardManager``
   scores through an ``nvrm serve`` started from this project's environment (URL mode), and in
@@ -27,6 +28,7 @@ import pytest
 
 from helpers import Server
 from helpers import run_checked as run
+from overlays import building, env_key, matrix_dir
 
 pytestmark = pytest.mark.trainers
 
@@ -35,17 +37,25 @@ HERE = Path(__file__).resolve().parent
 PROMPT = "A square glides across a tiled floor."
 
 
+VERL = ["torch==2.14.1", "torchvision==0.29.1", "verl==0.9.1"]
+
+
 @pytest.fixture(scope="module")
 def verl_env(tmp_path_factory):
-    venv = Path(os.environ.get("NVRM_VERL_ENV", tmp_path_factory.mktemp("verl") / "venv"))
+    import tomllib
+
+    nvrm_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]  # resolved with verl's
+    venv = Path(os.environ.get("NVRM_VERL_ENV") or matrix_dir() / env_key("verl-venv", [VERL, nvrm_deps]))
     py = venv / "bin" / "python"
     dist = tmp_path_factory.mktemp("dist")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)], cwd=ROOT)
     [wheel] = dist.glob("nvrm-*.whl")
-    if not py.exists():
-        run([sys.executable, "-m", "venv", str(venv)])
-        run([str(py), "-m", "pip", "install", "-q", "torch==2.14.1", "torchvision==0.29.1", "verl==0.9.1", str(wheel)], timeout=2400)
-    run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)])  # this checkout's code
+    with building(venv):
+        if not (venv / ".complete").is_file():
+            run([sys.executable, "-m", "venv", "--clear", str(venv)])
+            run([str(py), "-m", "pip", "install", "-q", *VERL, str(wheel)], timeout=2400)
+            (venv / ".complete").write_text("\n".join(VERL))
+        run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)])  # this checkout's code
     run([str(py), "-m", "pip", "check"])
     return py
 
