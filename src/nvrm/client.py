@@ -41,7 +41,7 @@ import httpx
 from pydantic import ValidationError
 
 from .errors import RemoteItemError, ServiceError
-from .protocol import ItemError, ScoreResponse
+from .protocol import ErrorCode, ItemError, ScoreResponse
 from .remote.bodies import Encoding, KnownRefs, RequestBody, plan
 from .remote.http import Transport
 from .remote.job_handle import RemoteJob
@@ -73,6 +73,8 @@ class RewardClient:
         max_response_bytes: int = 16 << 20,
         http: httpx.Client | None = None,
         ahttp: httpx.AsyncClient | None = None,
+        model: str | None = None,
+        expect_revision: str | None = None,
     ):
         """
         Args:
@@ -89,6 +91,8 @@ class RewardClient:
             max_response_bytes: the largest answer read (a score answer is a few hundred bytes per item).
             http, ahttp: httpx clients to send with (for example an app served in process); by default
                 the client opens its own pools.
+            model: which of the server's models scores (``GET /v1/models``); None: its first.
+            expect_revision: refuse (``ServiceError``, 409) unless that model is at this revision.
         """
         if transport not in ("binary", "json"):
             raise ValueError(f"transport must be 'binary' or 'json', got {transport!r}")
@@ -102,6 +106,7 @@ class RewardClient:
                               max_response_bytes=max_response_bytes, http=http, ahttp=ahttp)
         self._sampling: "tuple[Any, str] | None | bool" = False  # not read yet
         self._known = KnownRefs()  # context refs this client saw held by the server
+        self._target = {k: v for k, v in (("model", model), ("expect_revision", expect_revision)) if v is not None}
 
     # ------------------------------------------------------------ bodies and results
 
@@ -142,7 +147,7 @@ class RewardClient:
         for i, it in enumerate(items):
             prompt, context, candidate = (it["prompt"], it["context"], it["candidate"]) if isinstance(it, dict) else it
             rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context", "context"), "candidate": body.video(candidate, f"item {i} candidate")})
-        return body, {"items": rows, "exact": exact}
+        return body, {"items": rows, "exact": exact, **self._target}
 
     def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool, inline: bool = False) -> tuple[RequestBody, dict[str, Any]]:
         body = self._body(inline)
@@ -151,6 +156,7 @@ class RewardClient:
             "context": body.video(context, "context", "context"),
             "candidates": [body.video(c, f"candidate {i}") for i, c in enumerate(candidates)],
             "exact": exact,
+            **self._target,
         }
         return body, payload
 
@@ -171,12 +177,12 @@ class RewardClient:
         out: list[ScoreResult | RemoteItemError] = []
         for i, r in enumerate(response.results):
             if isinstance(r, ItemError):
-                err = RemoteItemError(i, r.error.code, r.error.message)
+                err = RemoteItemError(i, ErrorCode.read(r.error.code), r.error.message)
                 if errors == "raise":
                     raise err
                 out.append(err)
             elif not math.isfinite(r.reward):  # never pass a non-finite number off as a reward
-                err = RemoteItemError(i, "internal", f"the service returned a non-finite reward ({r.reward!r})")
+                err = RemoteItemError(i, ErrorCode.INTERNAL, f"the service returned a non-finite reward ({r.reward!r})")
                 if errors == "raise":
                     raise err
                 out.append(err)
@@ -231,17 +237,17 @@ class RewardClient:
         """``score_batch`` as a job: returns at once with a handle whose ``result()`` (or ``await aresult()``)
         gives the results later, so a trainer goes on while rollouts are scored."""
         answer = self._post("/v1/jobs/score", lambda inline: self._items(items, exact, inline))
-        return RemoteJob(self, answer["id"], len(items), errors, self._results)
+        return RemoteJob.from_answer(self, answer, len(items), errors, self._results)
 
     def submit_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> RemoteJob:
         """``score_group`` as a job (see ``submit``)."""
         answer = self._post("/v1/jobs/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline))
-        return RemoteJob(self, answer["id"], len(candidates), errors, self._results)
+        return RemoteJob.from_answer(self, answer, len(candidates), errors, self._results)
 
     async def asubmit(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> RemoteJob:
         """``submit``, asynchronously."""
         answer = await self._apost("/v1/jobs/score", lambda inline: self._items(items, exact, inline))
-        return RemoteJob(self, answer["id"], len(items), errors, self._results)
+        return RemoteJob.from_answer(self, answer, len(items), errors, self._results)
 
     def info(self) -> dict:
         """The service's ``/v1/info``: model, contract and limits."""

@@ -100,13 +100,25 @@ class OutputError(NvrmError):
         return (type(self), (self.path, self.reason))
 
 
-class RequestError(InputError):
-    """A service request is malformed or not allowed (HTTP 400 / 403 / 413)."""
+def _code(code: str | None, default: str) -> tuple[str, int]:
+    """``code`` (else the ``default`` member, by name) as a ``protocol.ErrorCode``, with its HTTP status. Imported
+    here, late: nvrm.protocol needs pydantic, and only the service raises the errors that carry a code."""
+    from .protocol import ErrorCode
 
-    def __init__(self, where: str, reason: str, status: int = 400, code: str = "bad_request"):
+    member = ErrorCode[default] if code is None else ErrorCode._value2member_map_.get(code)
+    if member is None:  # a code not in the vocabulary (yet): kept as given, with the default's status
+        return str(code), ErrorCode[default].status
+    return member, member.status  # type: ignore[return-value]
+
+
+class RequestError(InputError):
+    """A service request is malformed or not allowed: ``code`` (a ``protocol.ErrorCode``, default ``bad_request``)
+    and its HTTP status (the code's own unless given)."""
+
+    def __init__(self, where: str, reason: str, status: int | None = None, code: str | None = None):
         super().__init__(where, reason)
-        self.status = status
-        self.code = code
+        self.code, own = _code(code, "BAD_REQUEST")
+        self.status = own if status is None else status
 
     def __reduce__(self):
         return (type(self), (self.source, self.reason, self.status, self.code))
@@ -115,11 +127,14 @@ class RequestError(InputError):
 class Unavailable(NvrmError):
     """The service could not take or finish work, through no fault of the input (an HTTP status and a code)."""
 
-    def __init__(self, where: str, reason: str, status: int = 503, code: str = "unavailable"):
+    default_code = "UNAVAILABLE"
+    """The ``protocol.ErrorCode`` member (by name) when no ``code`` is given."""
+
+    def __init__(self, where: str, reason: str, status: int | None = None, code: str | None = None):
         self.source = where
         self.reason = reason
-        self.status = status
-        self.code = code
+        self.code, own = _code(code, self.default_code)
+        self.status = own if status is None else status
         super().__init__(f"{where}: {reason}")
 
     def __reduce__(self):
@@ -129,14 +144,20 @@ class Unavailable(NvrmError):
 class ShuttingDown(Unavailable):
     """The service is draining and takes no new work (HTTP 503, ``shutting_down``)."""
 
-    def __init__(self, where: str = "request", reason: str = "the server is shutting down; retry on another replica", status: int = 503, code: str = "shutting_down"):
+    default_code = "SHUTTING_DOWN"
+
+    def __init__(self, where: str = "request", reason: str = "the server is shutting down; retry on another replica",
+                 status: int | None = None, code: str | None = None):
         super().__init__(where, reason, status, code)
 
 
 class Expired(Unavailable):
     """An item's request timed out before the item reached its forward pass (HTTP 504, ``timeout``)."""
 
-    def __init__(self, where: str = "item", reason: str = "its request timed out before it was scored", status: int = 504, code: str = "timeout"):
+    default_code = "TIMEOUT"
+
+    def __init__(self, where: str = "item", reason: str = "its request timed out before it was scored", status: int | None = None,
+                 code: str | None = None):
         super().__init__(where, reason, status, code)
 
 
@@ -181,3 +202,20 @@ class RewardFnError(NvrmError):
 
 class ZeroSignalWarning(RuntimeWarning):
     """An RL step whose rewards cannot carry a learning signal (identical candidates, equal rewards)."""
+
+
+class Retryable(Exception):
+    """A failure worth another try (connection trouble, 502/503/504); carries the last error (the client's retry policy)."""
+
+    def __init__(self, error: ServiceError, retry_after: float | None):
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class ServerFailed(NvrmError):
+    """The reward server stopped because its model could not be loaded (``nvrm.serve.launch``); the message says why."""
+
+
+class BackendError(ConfigError):
+    """A scoring backend cannot do what was asked (vLLM not installed, a head_dim its kernels lack, exact or gradients from vLLM)."""

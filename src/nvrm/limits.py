@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError, LimitError
-from .cli.fields import meta as _help
+from ._fields import meta as _help
 
 
 

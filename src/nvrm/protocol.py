@@ -11,6 +11,7 @@ holds a raw ``.npy`` uint8 ``(T, H, W, 3)`` array (with ``fps``) or, without
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -67,6 +68,8 @@ class ScoreRequest(_Strict):
 
     items: Annotated[list[Item], Field(min_length=1)]
     exact: bool = Field(False, description="score every item alone (bit-identical to in-process score())")
+    model: str | None = Field(None, description="which served model scores it (GET /v1/models); default the first")
+    expect_revision: str | None = Field(None, description="refuse (409) unless the model is at this revision")
 
 
 class ContextUpload(_Strict):
@@ -82,11 +85,73 @@ class GroupRequest(_Strict):
     context: Video | None = Field(description="the preceding video; null (only where the server's contract has no_context) for none")
     candidates: Annotated[list[Video], Field(min_length=1)]
     exact: bool = False
+    model: str | None = Field(None, description="which served model scores it (GET /v1/models); default the first")
+    expect_revision: str | None = Field(None, description="refuse (409) unless the model is at this revision")
+
+
+class ErrorCode(str, Enum):
+    """Every error code the service sends and the client reads, each with the HTTP status it answers with.
+
+    A ``str``: it compares equal to (and serialises as) its code, so ``ErrorCode("overloaded").status == 503``
+    and ``body["error"]["code"] == ErrorCode.OVERLOADED``. Per-item codes ride in a 200 (``status`` is what a
+    whole request gets when every item failed that way). Write a code here once; everything else names it."""
+
+    BAD_REQUEST = "bad_request", 400
+    UNAUTHORIZED = "unauthorized", 401
+    FORBIDDEN = "forbidden", 403
+    NOT_FOUND = "not_found", 404
+    CONTEXT_UNKNOWN = "context_unknown", 404
+    JOB_UNKNOWN = "job_unknown", 404
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405
+    REQUEST_TIMEOUT = "request_timeout", 408
+    TOO_LARGE = "too_large", 413
+    CONTRACT_MISMATCH = "contract_mismatch", 409
+    MODEL_UNKNOWN = "model_unknown", 400
+    REVISION_MISMATCH = "revision_mismatch", 409
+    SWAP_IN_PROGRESS = "swap_in_progress", 409
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", 415
+    HTTP_ERROR = "http_error", 400
+    OVERLOADED = "overloaded", 503
+    NOT_READY = "not_ready", 503
+    SHUTTING_DOWN = "shutting_down", 503
+    UNAVAILABLE = "unavailable", 503
+    JOB_STORE_FULL = "job_store_full", 503
+    JOB_STORE_UNAVAILABLE = "job_store_unavailable", 503
+    TIMEOUT = "timeout", 504
+    INTERNAL = "internal", 500
+    # per item
+    INVALID_INPUT = "invalid_input", 422
+    CONTRACT_VIOLATION = "contract_violation", 422
+    LIMIT_EXCEEDED = "limit_exceeded", 422
+
+    status: int
+
+    def __new__(cls, code: str, status: int) -> "ErrorCode":
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.status = status
+        return member
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def read(cls, code: Any) -> "ErrorCode | str | None":
+        """A code off the wire: its member when known, else as sent (a newer server's code), None when absent."""
+        if code is None:
+            return None
+        return cls._value2member_map_.get(code, str(code)) if isinstance(code, str) else str(code)  # type: ignore[return-value]
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+INPUT_CODES = frozenset({ErrorCode.INVALID_INPUT, ErrorCode.CONTRACT_VIOLATION, ErrorCode.LIMIT_EXCEEDED})
+"""Item error codes that are the input's fault (a request where every item has one is a 422)."""
 
 
 class ErrorDetail(BaseModel):
-    code: str = Field(description="bad_request, too_large, request_timeout, forbidden, unauthorized, overloaded, timeout, not_ready, "
-                      "shutting_down, internal; per item: invalid_input, contract_violation, limit_exceeded, internal")
+    code: str = Field(description="one of: " + ", ".join(c.value for c in ErrorCode) + " (protocol.ErrorCode)")
     message: str = Field(description="one line naming the input and the reason")
 
 
@@ -110,6 +175,7 @@ ItemResult = Union[Score, ItemError]
 
 
 class ModelInfo(BaseModel):
+    name: str | None = None
     revision: str | None = None
     path: str | None = None
 

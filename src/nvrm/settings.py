@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .limits import Limits
-from .cli.fields import meta as _help
+from ._fields import meta as _help
 from .contract import DTYPE_NAMES
 
 MAX_WORKERS = 256

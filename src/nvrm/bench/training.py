@@ -69,7 +69,8 @@ def _train(bundle: Path, pairs: Path, out: Path, procs: int, extra: list[str]) -
 
 def run_train_bench(arch: str = "mid", examples: int = 8, factor: int = 10, batch_pairs: int = 4) -> dict[str, Any]:
     """The ``train`` workload's report (module docstring)."""
-    from ..cli.main import main
+    from ..settings import LoadSettings
+    from ..train import prepare_store
     from .harness import build_bench_bundle
 
     bundle = build_bench_bundle(arch)
@@ -93,7 +94,7 @@ def run_train_bench(arch: str = "mid", examples: int = 8, factor: int = 10, batc
         for workers in (1, 2):
             target = root / f"build-{workers}"
             t = time.perf_counter()
-            assert main(["prefs", "prepare", "--model", str(bundle), "--pairs", str(small), "--store", str(target), "--workers", str(workers)]) == 0
+            prepare_store(str(bundle), [small], target, settings=LoadSettings(workers=workers))
             seconds = time.perf_counter() - t
             from ..train.store import read_entries
 

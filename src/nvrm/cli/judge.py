@@ -16,7 +16,10 @@ def add_pairs_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm prefs pairs``: the rollouts, the output, the strategy and, for ``uncertain``, the model's."""
     from .model_flags import add_model_args
 
-    p.add_argument("--rollouts", required=True, help="rollouts.jsonl: id, prompt, context, candidates (N videos per context)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--rollouts", help="rollouts.jsonl: id, prompt, context, candidates (N videos per context)")
+    src.add_argument("--from-record", metavar="DIR", help="a record of nvrm serve --record (or record=DIR): each request group is a rollout, "
+                     "its recorded rewards serve --strategy uncertain (docs/record.md)")
     p.add_argument("--output", required=True, help="pairs file to write (the input of nvrm prefs judge)")
     p.add_argument("--strategy", choices=("all", "k", "uncertain"), default="all",
                    help="all pairs; k drawn per context; or the k a reward model is least sure about (smallest |r_a - r_b|; needs --model)")
@@ -31,12 +34,20 @@ def run_pairs(args: argparse.Namespace) -> int:
     from ..prefs.pairing import choose_pairs, pair_rows, read_rollouts
     from .options import check_outputs
 
-    check_outputs({"--rollouts": args.rollouts}, {"--output": args.output})
-    rollouts, problems = read_rollouts(args.rollouts)
+    rewards: dict[str, list[float]] = {}
+    if getattr(args, "from_record", None):
+        from ..record.reader import record_rollouts
+
+        recorded, problems = record_rollouts(args.from_record)
+        rollouts = [r.rollout for r in recorded]
+        if not args.model:  # the rewards the record kept pick --strategy uncertain's pairs (a --model scores them again)
+            rewards = {r.rollout.id: list(r.rewards) for r in recorded}
+    else:
+        check_outputs({"--rollouts": args.rollouts}, {"--output": args.output})
+        rollouts, problems = read_rollouts(args.rollouts)
     if args.strategy != "all" and args.k < 1:
         raise InputError(f"--k {args.k}", f"--strategy {args.strategy} needs --k of at least 1 pair per context")
-    rewards: dict[str, list[float]] = {}
-    if args.strategy == "uncertain":
+    if args.strategy == "uncertain" and not rewards:
         if not args.model:
             raise InputError("--strategy uncertain", "needs --model (the reward model whose uncertainty picks the pairs)")
         from .model_flags import load_model

@@ -13,13 +13,14 @@ import warnings
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
-from . import batch, bench, demo, download, evaluation, prefs, probe, rank, score, serve, show_frames, train, verify_bundle
+from . import batch, bench, demo, download, evaluation, export_bundle, prefs, probe, rank, score, serve, show_frames, train, verify_bundle
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
     ("score", "score one candidate continuation", score.add_score_args, score.run_score),
     ("frames", "write the exact frames the model sees", show_frames.add_frames_args, show_frames.run_frames),
     ("verify", "check a bundle against its manifest", verify_bundle.add_verify_args, verify_bundle.run_verify),
+    ("export", "write a bundle in another engine's layout (--vllm: Qwen3VLForSequenceClassification)", export_bundle.add_args, export_bundle.run),
     ("download", "download a bundle from the Hugging Face Hub", download.add_download_args, download.run_download),
     ("batch", "score a manifest of clips into a resumable JSONL/CSV/Parquet file", batch.add_batch_args, batch.run_batch),
     ("rank", "rank candidates for one context (optionally as an HTML report)", rank.add_rank_args, rank.run_rank),

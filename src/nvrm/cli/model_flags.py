@@ -6,13 +6,16 @@ import argparse
 
 
 
-def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """``--model`` plus one flag per ``LoadSettings`` and ``Limits`` field (cli/options.py)."""
+def add_model_args(p: argparse.ArgumentParser, required: bool = True, *, named: bool = False) -> None:
+    """``--model`` plus one flag per ``LoadSettings`` and ``Limits`` field (cli/options.py); ``named``: repeatable NAME=DIR."""
     from ..limits import Limits
     from ..settings import LoadSettings
     from .options import add_dataclass_args
 
-    p.add_argument("--model", required=required, help="bundle directory (or Hub repo id)")
+    if named:  # nvrm serve: several models by name (nvrm.serve.models)
+        p.add_argument("--model", required=required, action="append", help="bundle directory, or NAME=DIR (repeatable; the first is the default)")
+    else:
+        p.add_argument("--model", required=required, help="bundle directory (or Hub repo id)")
     add_dataclass_args(p, LoadSettings, group="model settings")
     add_dataclass_args(p, Limits, group="limits (checked before the work they protect)")
 

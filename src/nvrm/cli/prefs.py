@@ -49,42 +49,19 @@ def add_prepare_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    """Prepare every video the pairs files name into ``--store``; failures are listed, one line each. Returns 0."""
-    import time
+    """``nvrm prefs prepare``: :func:`nvrm.train.prepare_store`; failures are listed, one line each. Returns 0."""
+    from ..train import RayStore, prepare_store
+    from .model_flags import settings_from_args
 
-    from ..prefs.pairs import Pair, read_pairs
-    from ..train.data import pair_videos
-    from ..train.store import StoreWriter, build_store, pending
-
-    videos = sorted({k for f in args.pairs for r in read_pairs(f) if isinstance(r, Pair) for k in pair_videos(r)})
-    t0 = time.perf_counter()
-    if args.ray:
-        from ..bundle import preprocessing_fingerprint, resolve_bundle
-        from ..contract import Contract
-        from ..jobs.ray_store import build_store_on_ray
-
-        bundle = resolve_bundle(args.model)
-        fingerprint = preprocessing_fingerprint(bundle, Contract.for_bundle(bundle))
-        StoreWriter(args.store, fingerprint).close()  # store.json first (or the refusal of another store)
-        todo, skipped = pending(videos, args.store)
-        out = build_store_on_ray(str(bundle), todo, args.store, fingerprint, address=args.ray_address,
-                                 cpus_per_task=args.cpus_per_task, videos_per_task=args.videos_per_task)
-        counts = {"stored": out["stored"], "skipped": skipped, "failed": len(out["failed"])}
-        failures = out["failed"]
-    else:
-        from .model_flags import load_model
-
-        failures = []
-        with load_model(args) as model:
-            counts = build_store(model, videos, args.store, on_error=lambda p, r, e: failures.append((p, r, str(e))))
-    seconds = time.perf_counter() - t0
-    for path, role, message in failures[:20]:
+    ray = RayStore(args.ray_address, args.cpus_per_task, args.videos_per_task) if args.ray else None
+    built = prepare_store(args.model, args.pairs, args.store, settings=None if args.ray else settings_from_args(args), ray=ray)
+    for path, role, message in built.failures[:20]:
         print(f"nvrm prefs prepare: skipped {role} {path}: {message}", file=sys.stderr)
-    if len(failures) > 20:
-        print(f"  ... {len(failures) - 20} more failed", file=sys.stderr)
-    rate = counts["stored"] / seconds if seconds > 0 else 0.0
-    print(f"nvrm prefs prepare: {args.store}: {counts['stored']} videos prepared ({rate:.1f}/s), {counts['skipped']} already stored, "
-          f"{counts['failed']} failed, of {len(videos)}")
+    if built.failed > 20:
+        print(f"  ... {built.failed - 20} more failed", file=sys.stderr)
+    rate = built.stored / built.seconds if built.seconds > 0 else 0.0
+    print(f"nvrm prefs prepare: {args.store}: {built.stored} videos prepared ({rate:.1f}/s), {built.skipped} already stored, "
+          f"{built.failed} failed, of {built.videos}")
     return 0
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence, TextIO
 
 from ..errors import ConfigError, InternalError, NvrmError
-from ..cli.fields import meta
+from .._fields import meta
 from ..results import result_row
 from .manifest import RowProblem, Unit, pending, read_job_manifest, stale
 from .sink import open_sink

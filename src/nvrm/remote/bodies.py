@@ -19,7 +19,7 @@ from typing import Any, Callable, Generator, Literal
 
 from ..clip import Clip
 from ..errors import InputError, ServiceError
-from ..protocol import REQUEST_PART, ROUTE_HEADER, context_ref, encode_frames, npy_bytes
+from ..protocol import REQUEST_PART, ROUTE_HEADER, ErrorCode, context_ref, encode_frames, npy_bytes
 
 Encoding = Literal["binary", "json"]
 
@@ -162,14 +162,14 @@ def plan(path: str, build: Callable[[bool], tuple[RequestBody, dict[str, Any]]],
             yield "GET", f"/v1/contexts/{ref}", {"headers": {ROUTE_HEADER: ref}}
             known.remember(ref)
         except ServiceError as e:
-            if e.code not in ("context_unknown", None) and (e.status or 0) not in (404, 405):
+            if e.code not in (ErrorCode.CONTEXT_UNKNOWN, None) and (e.status or 0) not in (404, 405):
                 raise  # anything but "not held" (or a server without the store)
     if any(ref in known for ref in unknown):
         body, payload = build(False)  # some of them go by ref after all
     try:
         out = yield "POST", path, body.request(payload)
     except ServiceError as e:
-        if e.code != "context_unknown" or not body.by_ref:
+        if e.code != ErrorCode.CONTEXT_UNKNOWN or not body.by_ref:
             raise
         for ref in body.refs:
             known.forget(ref)

@@ -16,17 +16,12 @@ from typing import Any, Generator
 import httpx
 from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt
 
-from ..errors import ServiceError
+from ..errors import Retryable, ServiceError
+from ..protocol import ErrorCode
+
+__all__ = ["Retryable", "Transport", "failure", "RETRY_STATUS"]  # Retryable lives in nvrm.errors; importable here as before
 
 RETRY_STATUS = {502, 503, 504}
-
-
-class Retryable(Exception):
-    """A failure worth another try (connection trouble, 502/503/504); carries the last error."""
-
-    def __init__(self, error: ServiceError, retry_after: float | None):
-        self.error = error
-        self.retry_after = retry_after
 
 
 _DONE = object()
@@ -51,7 +46,7 @@ def failure(response: httpx.Response) -> ServiceError:
     """A ``ServiceError`` for an error answer (the server's JSON error body, else its text)."""
     try:
         err = response.json()["error"]
-        return ServiceError(f"service answered {response.status_code}: {err['message']}", response.status_code, err.get("code"))
+        return ServiceError(f"service answered {response.status_code}: {err['message']}", response.status_code, ErrorCode.read(err.get("code")))
     except Exception:  # noqa: BLE001 - not our JSON error body
         return ServiceError(f"service answered {response.status_code}: {response.text[:200]}", response.status_code)
 

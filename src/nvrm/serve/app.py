@@ -20,17 +20,20 @@ from fastapi.openapi.utils import get_openapi
 
 from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
-from . import middleware, routes
+from . import cosmos_routes, drm_routes, middleware, routes, unirl_routes
 from .config import ServeConfig
 from .job_service import JobService
-from .serving import Serving
+from .model_swap import models_router
+from .models import MultiServing, NamedModels
+from .serving import Serving  # noqa: F401  (the single-model service; MultiServing extends it)
 
 log = logging.getLogger(__name__)
 
 
 def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
-    """An app serving ``model_or_loader`` (a RewardModel, or a callable that loads one)."""
-    state = Serving(config)
+    """An app serving ``model_or_loader`` (a RewardModel, a callable that loads one, or ``models.NamedModels``)."""
+    named = model_or_loader if isinstance(model_or_loader, NamedModels) else None
+    state = MultiServing(config, named.names if named else None, named.rest if named else None)
     jobs = JobService(state)
 
     def install(model) -> None:
@@ -57,10 +60,9 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
             install(model_or_loader)
         yield
         jobs.store.cancel_all()
-        # uvicorn has already waited for in-flight requests (graceful shutdown)
-        if state.scheduler is not None:
-            state.scheduler.begin_drain(config.drain_timeout_s)
-            await asyncio.to_thread(state.scheduler.stop, config.drain_timeout_s)
+        # uvicorn has already waited for in-flight requests (graceful shutdown); the drain a signal began
+        # (nvrm.serve.launcher) is this same one: here it is begun if need be and waited for
+        await asyncio.to_thread(state.drain, config.drain_timeout_s)
 
     app = FastAPI(
         title="nvrm reward service",
@@ -74,7 +76,11 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
     app.state.jobs = jobs
     app.state.metrics = state.metrics
     middleware.install(app, api_key=config.api_key, metrics=state.metrics)
-    routes.install(app, state, jobs)
+    for router in (routes.v1_router(state), routes.jobs_router(jobs), cosmos_routes.cosmos_router(jobs)):  # one per protocol
+        app.include_router(router)
+    for router in (unirl_routes.unirl_router(state), drm_routes.drm_router(state)):  # UniRL's and verl-omni's (issue 41)
+        app.include_router(router)
+    app.include_router(models_router(state))  # GET /v1/models, PUT /v1/models/{name} (nvrm.serve.model_swap)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

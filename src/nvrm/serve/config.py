@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..cli.fields import meta as _help
+from .._fields import meta as _help
 
 MAX_MB = 1 << 24
 """Largest size flag accepted, in MiB (16 TiB): beyond it a number is a typo, not a budget."""
@@ -58,15 +58,46 @@ class ServeConfig:
     max_jobs: int = field(default=4096, metadata=_help("asynchronous jobs held at once, running or finished (/v1/jobs, cosmos-rl's enqueue); more get 503"))
     job_ttl_s: float = field(default=900.0, metadata=_help("how long a finished job's result is kept, however often it is fetched"))
     max_job_results_mb: float = field(default=64.0, metadata=_help("bytes of finished jobs' results kept; the oldest finished go first"))
+    job_store: str = field(
+        default="memory",
+        metadata=_help("where jobs live: memory (this process) or redis://HOST:PORT/DB, shared by every replica (nvrm[redis])"),
+    )
+    job_namespace: str = field(default="nvrm", metadata=_help("prefix of this service's Redis keys (with the model revision)"))
+    job_lease_s: float = field(
+        default=30.0, metadata=_help("lease of a job taken from the Redis queue: one not renewed this long goes back to the queue")
+    )
+    job_workers: int = field(default=16, metadata=_help("jobs this replica takes from the Redis queue and scores at once"))
+    replica_id: str | None = field(
+        default=None, metadata=_help("this replica's name, answered as replica_id on enqueue (cosmos-rl pins pulls to it)")
+    )
     latent_decoder: str | None = field(
-        default=None, metadata=_help("a Wan2.1 VAE (diffusers AutoencoderKLWan folder, or Wan2.1_VAE.pth) to decode cosmos-rl's latents with (nvrm[cosmos])")
+        default=None, metadata=_help("a Wan VAE (diffusers AutoencoderKLWan folder, or Wan2.1_VAE.pth) to decode cosmos-rl's latents with: "
+                                    "Wan2.1's for 16-channel latents, Wan2.2's for 48 (nvrm[cosmos])")
     )
     context_frames: int = field(default=1, metadata=_help("leading frames of a cosmos-rl rollout that are its context (the conditioning frames; 0: text-to-world)"))
     cosmos_fallback_score: float = field(
         default=-5.0, metadata=_help("the score a cosmos-rl rollout that failed gets (named in the answer's errors list); default cosmos-rl's clip floor")
     )
+    cosmos_image_as: str = field(
+        default="refuse",
+        metadata=_help("what a cosmos-rl media_type image rollout becomes: refuse (a still image is not a 5 s continuation), "
+                       "or still (held still for --context-frames and the candidate's length; the answer is flagged)", choices=("refuse", "still")),
+    )
     api_key: str | None = field(default=None, repr=False, metadata={"cli": False})
     """The bearer token itself (read from ``api_key_env`` by the CLI; never a flag)."""
+    admin_key_env: str | None = field(
+        default=None, metadata=_help("name of the environment variable holding the admin key a model swap (PUT /v1/models/NAME) needs; unset: no swaps")
+    )
+    allow_contract_change: bool = field(default=False, metadata=_help("let a model swap load a bundle whose contract differs from the running model's"))
+    admin_key: str | None = field(default=None, repr=False, metadata={"cli": False})
+    """The admin key itself (read from ``admin_key_env`` by the CLI; never a flag)."""
+    record: str | None = field(default=None, metadata=_help(
+        "folder to keep what is scored in (prompt, context, candidate frames, reward, revision, group; docs/record.md); off by default"))
+    record_mb: float = field(default=10240.0, metadata=_help(
+        "most bytes --record keeps on disk; the oldest rows (and files only they use) go first"))
+    record_rate: float = field(default=1.0, metadata=_help(
+        "share of request groups --record keeps (0..1, deterministic for --record-seed)"))
+    record_seed: int = field(default=0, metadata=_help("seed of --record-rate's draw"))
 
     def __post_init__(self) -> None:
         resolved = []
@@ -95,8 +126,12 @@ class ServeConfig:
             "max_jobs": self.max_jobs >= 1,
             "job_ttl_s": self.job_ttl_s > 0,
             "max_job_results_mb": self.max_job_results_mb > 0,
+            "job_lease_s": self.job_lease_s > 0,
+            "job_workers": self.job_workers >= 1,
             "context_frames": self.context_frames >= 0,
             "cosmos_fallback_score": True,
+            "record_mb": self.record_mb > 0,
+            "record_rate": 0.0 <= self.record_rate <= 1.0,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
@@ -105,6 +140,12 @@ class ServeConfig:
                 raise ConfigError(f"{name}={value!r} is out of range (a finite number is needed)")
             if name.endswith("_mb") and value > MAX_MB:
                 raise ConfigError(f"{name}={value!r} is more than {MAX_MB} MiB; give the memory this server may use")
+        if self.job_store != "memory" and not self.job_store.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"--job-store {self.job_store!r}: use memory, or redis://HOST:PORT/DB for a store every replica shares")
+        if self.cosmos_image_as not in ("refuse", "still"):
+            raise ConfigError(f"--cosmos-image-as {self.cosmos_image_as!r}: use refuse, or still to score each image held still (flagged)")
+        if not self.job_namespace or any(c in self.job_namespace for c in " :{}*?[]\\"):
+            raise ConfigError(f"--job-namespace {self.job_namespace!r}: use a plain name (letters, digits, - _ .)")
 
     @property
     def max_body_bytes(self) -> int:
@@ -127,7 +168,9 @@ class ServeConfig:
             "auth": self.api_key is not None,
             "max_jobs": self.max_jobs,
             "job_ttl_s": self.job_ttl_s,
+            "job_store": "memory" if self.job_store == "memory" else "redis",
             "latent_decoder": self.latent_decoder is not None,
             "context_frames": self.context_frames,
             "cosmos_fallback_score": self.cosmos_fallback_score,
+            "cosmos_image_as": self.cosmos_image_as,
         }

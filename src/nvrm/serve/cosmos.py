@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RequestError
-from .latents import CHANNELS, SPATIAL, decoded_bytes, frames_of
+from .latents import CHANNELS, SPATIAL_OF, decoded_bytes, frames_of
 from .media import npy_header
 from .transport import parse_json
 
@@ -39,6 +39,30 @@ SIGMA_DATA_RANGE = (0.01, 100.0)
 (to NaN: a black video) and a huge one flattens every rollout to the mean latent."""
 _FLOAT = {"<f4": np.float32, "<f2": np.float16, "=f4": np.float32, "=f2": np.float16}
 _UINT8 = ("|u1", "<u1", "u1", "=u1")
+IMAGE_AS = ("refuse", "still")
+"""What a ``media_type: image`` rollout becomes (``--cosmos-image-as``): refused, or held as a still video."""
+STILL_FLAG = ("image rollouts scored as still videos (--cosmos-image-as still): each image held for the context frames and "
+              "the candidate's length; not the 5 s continuation the contract scores")
+
+
+@dataclass(frozen=True)
+class MediaRules:
+    """What this server does with each ``media_type``: from its settings, its contract and its latent decoder."""
+
+    image_as: str = "refuse"
+    """``refuse`` or ``still`` (``IMAGE_AS``)."""
+    context_frames: int = 1
+    """Leading frames that are the context (``--context-frames``); a still image is held for them too."""
+    candidate_seconds: float = 5.0
+    """The candidate's length under the contract: a still image is held this long after its context frames."""
+    latent_channels: int | None = None
+    """The latent decoder's channels (16: Wan2.1, 48: Wan2.2 / Cosmos), or None without one."""
+
+
+def media_rules(config, contract, decoder) -> MediaRules:
+    """The ``MediaRules`` of a server with ``config`` (a ``ServeConfig``), ``contract`` and ``decoder`` (a ``LatentDecoder`` or None)."""
+    return MediaRules(getattr(config, "cosmos_image_as", "refuse"), config.context_frames, float(contract.candidate_seconds),
+                      getattr(decoder, "channels", CHANNELS) if decoder is not None else None)
 
 
 @dataclass(frozen=True)
@@ -48,9 +72,9 @@ class Enqueued:
     prompts: list[str]
     fps: list[float]
     media: str
-    """``latent`` (decode first) or ``video`` (uint8 pixels)."""
+    """``latent`` (decode first), ``video`` (uint8 pixels) or ``image`` (uint8 images held still, ``--cosmos-image-as still``)."""
     array: np.ndarray
-    """Latents [B, 16, T, h, w], or frames [B, T, H, W, 3]."""
+    """Latents [B, 16 or 48, T, h, w], or frames [B, T, H, W, 3] (an image's a read-only view of it repeated)."""
     reward_fn: dict[str, float]
     sigma_data: float = 1.0
     refused: dict[int, str] = field(default_factory=dict)
@@ -66,7 +90,8 @@ class Enqueued:
         the VAE's activations included, or the decoded frames alone without a decoder."""
         if self.media == "latent":
             shape = tuple(self.array.shape)
-            return decoder.peak_bytes(shape) if decoder is not None else decoded_bytes(shape)
+            spatial = SPATIAL_OF.get(shape[1], SPATIAL_OF[CHANNELS])
+            return decoder.peak_bytes(shape) if decoder is not None else decoded_bytes(shape, spatial)
         return int(self.array.size)
 
 
@@ -77,15 +102,24 @@ def _split(raw: bytes) -> tuple[bytes, memoryview]:
     return raw[:cut], memoryview(raw)[cut + 1 :]
 
 
-def _array(view: memoryview, media: str, limits) -> np.ndarray:
+def _array(view: memoryview, media: str, limits, channels: int = CHANNELS) -> np.ndarray:
     descr, fortran, shape, offset = npy_header(view, "enqueue array")
+    if media == "image":  # cosmos-rl's image rollouts: uint8 [B, H, W, 3], each one frame
+        if descr not in _UINT8 or len(shape) != 4 or shape[-1] != 3:
+            raise RequestError("enqueue array", f"images must be uint8 [B, H, W, 3], the .npy declares dtype {descr!r} and shape {shape}")
+        shape = (shape[0], 1, *shape[1:])
     if media == "latent":
         if descr not in _FLOAT:
             raise RequestError("enqueue array", f"latents must be float32 or float16, the .npy declares dtype {descr!r}")
-        if len(shape) != 5 or shape[1] != CHANNELS:
-            raise RequestError("enqueue array", f"latents must have shape [B, {CHANNELS}, T, H/8, W/8], the .npy declares {shape}")
+        if len(shape) == 5 and shape[1] in SPATIAL_OF and shape[1] != channels:
+            family = "Wan2.2 / Cosmos" if shape[1] == 48 else "Wan2.1"
+            raise RequestError("enqueue array", f"sends {shape[1]}-channel latents ({family}); this server's --latent-decoder is a "
+                               f"{channels}-channel VAE: start it with a {family.split(' ')[0]} VAE")
+        if len(shape) != 5 or shape[1] != channels:
+            s = SPATIAL_OF[channels]
+            raise RequestError("enqueue array", f"latents must have shape [B, {channels}, T, H/{s}, W/{s}], the .npy declares {shape}")
         b, _, t, h, w = shape
-        limits.check_source(w * SPATIAL, h * SPATIAL, "enqueue latents (decoded)")
+        limits.check_source(w * SPATIAL_OF[channels], h * SPATIAL_OF[channels], "enqueue latents (decoded)")
         frames = frames_of(t) if t else 0
         dtype = np.dtype(_FLOAT[descr])
     else:
@@ -134,8 +168,10 @@ def _reward_weights(fns: Any) -> dict[str, float]:
     return weights
 
 
-def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
-    """An enqueue body, refused with a 400 (``RequestError``) naming what is wrong before anything is decoded."""
+def parse_enqueue(raw: bytes, limits, *, has_decoder: bool, rules: MediaRules | None = None) -> Enqueued:
+    """An enqueue body, refused with a 400 (``RequestError``) naming what is wrong before anything is decoded.
+    ``rules`` (``media_rules``): what images become and the decoder's latent channels (default: images refused, Wan2.1)."""
+    rules = rules or MediaRules(latent_channels=CHANNELS if has_decoder else None)
     head, tail = _split(raw)
     payload = parse_json(head, max(1, limits.max_request_items), "enqueue JSON")
     if not isinstance(payload, dict):
@@ -147,10 +183,15 @@ def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
         raise RequestError("enqueue JSON 'prompts'", f"has {len(prompts)} videos; the limit is {limits.max_request_items} per request", 413, "too_large")
     weights = _reward_weights(payload.get("reward_fn", {"nvrm": 1.0}))
     media = payload.get("media_type") or "latent"  # the legacy path sends none: latents
-    if media not in ("latent", "video"):
-        raise RequestError("enqueue JSON 'media_type'", f"is {media!r}; this server takes 'latent' (Wan2.1 latents) or 'video' (uint8 frames)")
+    if media == "image" and rules.image_as == "refuse":
+        raise RequestError("enqueue JSON 'media_type'", "is 'image': a still image is not a 5 s continuation, so NVRM has no reward "
+                           "for it; send 'video' or 'latent' rollouts, or start the server with --cosmos-image-as still "
+                           "to score each image held still (flagged)")
+    if media not in ("latent", "video", "image"):
+        raise RequestError("enqueue JSON 'media_type'", f"is {media!r}; this server takes 'latent' (Wan latents) or 'video' (uint8 frames)")
     if media == "latent" and not has_decoder:
-        raise RequestError("enqueue", "sends latents, and this server has no latent decoder; start it with --latent-decoder PATH (a Wan2.1 VAE), or send media_type 'video' with uint8 frames")
+        raise RequestError("enqueue", "sends latents, and this server has no latent decoder; start it with --latent-decoder PATH "
+                           "(a Wan2.1 VAE, or a Wan2.2 VAE for 48-channel latents), or send media_type 'video' with uint8 frames")
     infos = payload.get("video_infos") or [{}] * len(prompts)
     if not isinstance(infos, list) or len(infos) != len(prompts) or not all(isinstance(i, dict) for i in infos):
         raise RequestError("enqueue JSON 'video_infos'", f"must be a list of {len(prompts)} objects, one per video")
@@ -164,7 +205,10 @@ def parse_enqueue(raw: bytes, limits, *, has_decoder: bool) -> Enqueued:
     lo, hi = SIGMA_DATA_RANGE
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not lo <= sigma <= hi:
         raise RequestError("enqueue JSON 'sigma_data'", f"is {sigma!r}; between {lo:g} and {hi:g} is taken (cosmos-rl's trainers use 1.0, or 0.5 for EDM)")
-    array = _array(tail, media, limits)
+    array = _array(tail, media, limits, rules.latent_channels or CHANNELS)
+    if media == "image":  # held still: the context frames, then the candidate's length at the fastest rollout's rate
+        held = rules.context_frames + math.ceil(rules.candidate_seconds * max(fps))
+        array = np.broadcast_to(array, (array.shape[0], held, *array.shape[2:]))
     if array.shape[0] != len(prompts):
         raise RequestError("enqueue array", f"holds {array.shape[0]} videos for {len(prompts)} prompts")
     refused = non_finite(array) if media == "latent" else {}
@@ -210,5 +254,6 @@ class Rollouts:
             "duration": f"{self.seconds:.3f}",
             "decoded_duration": "N/A" if self.decode_seconds is None else f"{self.decode_seconds:.3f}",
             "type": kind,
+            **({"flagged": STILL_FLAG} if self.info.get("media_type") == "image" else {}),
         }
 

@@ -16,9 +16,10 @@ from typing import Any
 
 from ..clip import Clip
 from ..errors import RequestError
+from ..protocol import ErrorCode, error_body
 from ..results import item_dict, one_line
 from .budget import frame_bytes
-from .cosmos import Rollouts, frames_view, parse_enqueue
+from .cosmos import Rollouts, frames_view, media_rules, parse_enqueue
 from .job_store import JobStore
 from .media import Media
 from .requests import Work, parse_work
@@ -37,6 +38,18 @@ class JobService:
         self.store = JobStore(max_jobs=c.max_jobs, ttl_s=c.job_ttl_s, max_result_bytes=int(c.max_job_results_mb * 1024 * 1024))
         self.decoder = None
         self._decode_lock = asyncio.Lock()
+        self.shared = None
+        """The Redis store every replica answers (``--job-store redis://``; nvrm.serve.shared_jobs), else None."""
+        if c.job_store != "memory":
+            from .shared_jobs import SharedJobs
+
+            self.shared = SharedJobs(self)
+            self.store = self.shared  # type: ignore[assignment] - its cancel_all stops the worker at shutdown
+
+    def replica_answer(self) -> dict[str, str]:
+        """``{"replica_id": ...}`` for an enqueue answer when this replica has a name (cosmos-rl pins its pulls to it)."""
+        rid = self.serving.config.replica_id
+        return {"replica_id": rid} if rid else {}
 
     def install_decoder(self, device) -> None:
         """Load ``--latent-decoder`` on the model's device (once the model is loaded)."""
@@ -44,33 +57,47 @@ class JobService:
             from .latents import LatentDecoder
 
             self.decoder = LatentDecoder(self.serving.config.latent_decoder, device)
+        if self.shared is not None:
+            self.shared.start_worker()
 
     # ------------------------------------------------------------ admission
 
     def _refuse_if_full(self) -> Reply | None:
         if (busy := self.serving.not_ready()) is not None:
             return busy
-        why = self.store.room()
+        why = self.store.admit()  # counted from now, before its body is read (given back by _holding_place)
         if why is not None:
             self.serving.metrics.rejected.labels(reason="jobs_full").inc()
-            return Reply.error(503, "overloaded", why, {"Retry-After": "1"})
+            return Reply.error(ErrorCode.OVERLOADED, why, {"Retry-After": "1"})
         return None
+
+    async def _holding_place(self, answer) -> Reply:
+        """``await answer`` with the place ``_refuse_if_full`` admitted; given back unless a job started in it."""
+        try:
+            reply = await answer
+        except BaseException:
+            self.store.release()
+            raise
+        if reply.status != 200:
+            self.store.release()
+        return reply
 
     async def _start(self, kind: str, need: int, run, **extra) -> Reply:
         """Run ``run()`` as a job holding ``need`` bytes of the budget until it finishes."""
         budget = self.serving.budget
         if need > budget.max_bytes:
-            return Reply.error(413, "too_large", f"job: it needs up to {need} bytes, more than --max-inflight-mb allows ({budget.max_bytes})")
+            return Reply.error(ErrorCode.TOO_LARGE, f"job: it needs up to {need} bytes, more than --max-inflight-mb allows "
+                               f"({budget.max_bytes})")
         if not budget.try_reserve(need):
             return self.serving.overloaded("job")
         job = self.store.start(kind, run, on_done=lambda: budget.release(need), **extra)
-        return Reply(200, {"uuid": job.id} if kind == "cosmos" else {"id": job.id, "status": "pending"})
+        return Reply(200, {"uuid": job.id, **self.replica_answer()} if kind == "cosmos" else {"id": job.id, "status": "pending"})
 
     async def _admitted_results(self, work: Work) -> Any:
         """The work's results, waiting (not failing) while the scheduler's queue is full."""
         while True:
             results = await self.serving.results(work)
-            if not (isinstance(results, Reply) and results.status == 503 and results.body["error"]["code"] == "overloaded"):
+            if not (isinstance(results, Reply) and results.body["error"]["code"] == ErrorCode.OVERLOADED):
                 return results
             await asyncio.sleep(ADMISSION_RETRY_S)
 
@@ -78,6 +105,8 @@ class JobService:
 
     async def submit(self, kind: str, body: Body) -> Reply:
         """``POST /v1/jobs/score`` or ``/v1/jobs/score_group``: the request of ``/v1/score`` (``/v1/score_group``), run as a job."""
+        if self.shared is not None:
+            return await self.shared.submit(kind, body)
         if (full := self._refuse_if_full()) is not None:
             return full
 
@@ -90,7 +119,7 @@ class JobService:
 
             return await self._start("v1", reserved + work.prepared_bytes, run)
 
-        return await self.serving.with_body(body, "job body", parsed)
+        return await self._holding_place(self.serving.with_body(body, "job body", parsed))
 
     def _answer(self, results: list[Any]) -> Reply:
         m = self.serving.model
@@ -98,34 +127,43 @@ class JobService:
                 "contract": m.fingerprint, "replica": self.serving.replica}
         return Reply(200, body)
 
-    def fetch(self, job_id: str) -> Reply:
+    async def fetch(self, job_id: str) -> Reply:
         """``GET /v1/jobs/{id}``: 202 while it runs, then its answer (the body of ``/v1/score``), 404 once unknown."""
+        if self.shared is not None:
+            return await self.shared.fetch(job_id)
         job = self.store.get(job_id)
         if job is None or job.kind != "v1":
-            return Reply.error(404, "job_unknown", f"job {job_id[:32]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
+            return Reply.error(ErrorCode.JOB_UNKNOWN,
+                               f"job {job_id[:32]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
         if not job.done:
             return Reply(202, {"id": job.id, "status": "pending"}, {"Retry-After": "1"})
+        if job.evicted:  # accepted, so never a 404: its result could not be kept
+            return Reply.error(ErrorCode.TOO_LARGE, f"job {job.id}: {job.evicted}", status=507)
+        job.fetched = True
         result = job.result
         if isinstance(result, Reply):
             body = result.body if result.status == 200 else {"error": result.body.get("error")}
             return Reply(200, {"id": job.id, "status": "done" if result.status == 200 else "failed", **body})
-        return Reply(200, {"id": job.id, "status": "failed", "error": {"code": "internal", "message": one_line(result)}})
+        return Reply(200, {"id": job.id, "status": "failed", **error_body(ErrorCode.INTERNAL, one_line(result))})
 
     # ------------------------------------------------------------ cosmos-rl
 
     async def enqueue(self, body: Body) -> Reply:
         """``POST /api/reward/enqueue``: a cosmos-rl rollout body, checked before any decoding, run as a job."""
+        if self.shared is not None:
+            return await self.shared.enqueue(body)
         if (full := self._refuse_if_full()) is not None:
             return full
         s = self.serving
 
         async def parsed(raw: bytes, reserved: int) -> Reply:
-            req = await asyncio.to_thread(parse_enqueue, raw, s.model.limits, has_decoder=self.decoder is not None)
-            need = reserved + req.decoded_bytes() + self._frames_bound(req)
+            rules = media_rules(s.config, s.model.contract, self.decoder)  # what images and latents become (issue 41)
+            req = await asyncio.to_thread(parse_enqueue, raw, s.model.limits, has_decoder=self.decoder is not None, rules=rules)
+            need = reserved + req.decoded_bytes(self.decoder) + self._frames_bound(req)
             started = time.perf_counter()
             return await self._start("cosmos", need, lambda: self._score_rollouts(req, started), prompts=req.batch)
 
-        return await s.with_body(body, "enqueue body", parsed)
+        return await self._holding_place(s.with_body(body, "enqueue body", parsed))
 
     def _frames_bound(self, req) -> int:
         """An upper bound of the prepared frames of ``req``'s rollouts: each its context frames and its candidate's."""
@@ -138,11 +176,13 @@ class JobService:
         decode_s = None
         if req.media == "latent":
             async with self._decode_lock:  # one decode at a time: it fills the device (or every core)
-                frames, decode_s = await asyncio.to_thread(self.decoder.decode, req.array, req.sigma_data)
+                frames, decode_s = await asyncio.to_thread(self.decoder.decode, req.array, req.sigma_data, req.refused)
         else:
             frames = frames_view(req.array)
-        items, errors = [], {}
+        items, errors = [], dict(req.refused)  # non-finite rollouts: never scored, named with the fallback
         for i, (prompt, fps) in enumerate(zip(req.prompts, req.fps)):
+            if i in errors:
+                continue
             video = frames[i]
             n = c.context_frames
             if n >= len(video):
@@ -174,21 +214,31 @@ class JobService:
         h.update(frames.tobytes())
         return Media(Clip(frames, fps, name="conditioning frames"), "frames:" + h.hexdigest())
 
-    def pull(self, job_id: str, kind: str) -> Reply:
+    async def pull(self, job_id: str, kind: str) -> Reply:
         """``POST /api/reward/pull``: 425 while the job runs, its scores once done, 404 for an unknown or expired uuid."""
+        if self.shared is not None:
+            return await self.shared.pull(job_id, kind)
         job = self.store.get(job_id)
         if job is None or job.kind != "cosmos":
-            return Reply.error(404, "job_unknown", f"uuid {job_id[:40]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
+            return Reply.error(ErrorCode.JOB_UNKNOWN,
+                               f"uuid {job_id[:40]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
         if kind and kind not in ("nvrm",):
-            return Reply.error(400, "bad_request", f"type {kind!r} was not computed; this server computes 'nvrm' (set the reward_fn name to nvrm)")
+            return Reply.error(ErrorCode.BAD_REQUEST,
+                               f"type {kind!r} was not computed; this server computes 'nvrm' (set the reward_fn name to nvrm)")
         if not job.done:
-            return Reply.error(425, "not_ready", "the rewards are not ready yet; pull again", {"Retry-After": "1"})
+            return Reply.error(ErrorCode.NOT_READY, "the rewards are not ready yet; pull again", {"Retry-After": "1"}, status=425)
+        if job.evicted:  # accepted, so never a 404: its result could not be kept
+            return Reply.error(ErrorCode.TOO_LARGE, f"uuid {job.id}: {job.evicted}", status=507)
+        job.fetched = True
         result = job.result
         if not isinstance(result, Rollouts):  # the job failed as a whole: every item says why, none is lost
             n = job.extra.get("prompts", 1)
             result = Rollouts([None] * n, {i: one_line(result) for i in range(n)})
         return Reply(200, result.answer(kind or "nvrm", self.serving.config.cosmos_fallback_score))
 
-    def ping(self) -> Reply:
+    async def ping(self) -> Reply:
+        """cosmos-rl's liveness probe, with the jobs held."""
+        if self.shared is not None:
+            return await self.shared.ping()
         return Reply(200, {"status": "ok", "ready": self.serving.model is not None, "jobs": len(self.store), "pending": self.store.pending})
 

@@ -8,6 +8,7 @@ legacy path also multiplies by ``sigma_data``, 1 by default). Decoding undoes th
 levels the way nvrm maps every float frame: ``round((x + 1) / 2 * 255)``.
 
     [B, 16, T_lat, h, w] float16/32 latents  ->  [B, 1 + 4 (T_lat - 1), 8h, 8w, 3] uint8 frames
+    [B, 48, T_lat, h, w] (Wan2.2 / Cosmos VAE) ->  [B, 1 + 4 (T_lat - 1), 16h, 16w, 3], with a 48-channel decoder
 
 The decoder is a local folder (diffusers ``save_pretrained`` layout, safetensors) or a single
 ``Wan2.1_VAE.pth`` file through ``from_single_file``. It runs on the reward model's device, in
@@ -29,6 +30,9 @@ CHANNELS = 16
 """Wan2.1 latent channels."""
 TEMPORAL, SPATIAL = 4, 8
 """Wan2.1's compression: 4 frames per latent frame (after the first), 8 pixels per latent pixel."""
+SPATIAL_OF = {16: 8, 48: 16}
+"""Pixels per latent pixel, by latent channels: Wan2.1's VAE (16 channels, 8x) and Wan2.2's / Cosmos' (48 channels, 16x,
+diffusers ``AutoencoderKLWan`` with ``z_dim=48, patch_size=2, scale_factor_spatial=16``); both 4 frames per latent frame."""
 
 
 def frames_of(t_lat: int) -> int:
@@ -36,11 +40,11 @@ def frames_of(t_lat: int) -> int:
     return 1 + TEMPORAL * (t_lat - 1)
 
 
-def decoded_bytes(shape: tuple[int, ...]) -> int:
+def decoded_bytes(shape: tuple[int, ...], spatial: int = SPATIAL) -> int:
     """Memory of the decoder's float32 output and the uint8 frames made from it, for latents of ``shape``
     [B, 16, T, h, w]: a floor under ``decode_peak_bytes`` (what a decode reserves), without the activations."""
     b, _, t, h, w = shape
-    pixels = b * frames_of(t) * (SPATIAL * h) * (SPATIAL * w) * 3
+    pixels = b * frames_of(t) * (spatial * h) * (spatial * w) * 3
     return pixels * (4 + 1)
 
 
@@ -60,12 +64,12 @@ OUTPUT_BYTES = 8 + 2
 copy), and the uint8 frames twice (levels, then the channels-last copy)."""
 
 
-def decode_peak_bytes(shape: tuple[int, ...], base_dim: int, weight_bytes: int, on_host: bool = True) -> int:
+def decode_peak_bytes(shape: tuple[int, ...], base_dim: int, weight_bytes: int, on_host: bool = True, spatial: int = SPATIAL) -> int:
     """Host memory decoding latents of ``shape`` [B, 16, T, h, w] takes at its peak, for a Wan VAE of
     ``base_dim`` with ``weight_bytes`` of weights. ``on_host=False`` (a GPU decode): the activations are
     device memory, and only the uint8 frames and a float copy of them come back to the host."""
     b, _, t, h, w = shape
-    pixels = (SPATIAL * h) * (SPATIAL * w)
+    pixels = (spatial * h) * (spatial * w)
     values = b * frames_of(t) * pixels * 3
     if not on_host:
         return values * (4 + 2)
@@ -74,7 +78,7 @@ def decode_peak_bytes(shape: tuple[int, ...], base_dim: int, weight_bytes: int, 
 
 
 class LatentDecoder:
-    """A Wan2.1 VAE decoder, loaded once."""
+    """A Wan VAE decoder, loaded once: Wan2.1's (16 latent channels) or Wan2.2's / Cosmos' (48)."""
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu"):
         try:
@@ -93,17 +97,23 @@ class LatentDecoder:
         self.vae = vae.to(self.device).eval()
         self.vae.requires_grad_(False)
         cfg = self.vae.config
-        if int(cfg.z_dim) != CHANNELS or len(cfg.latents_mean) != CHANNELS:
-            raise ConfigError(f"--latent-decoder {path}: a VAE of {cfg.z_dim} latent channels; cosmos-rl's Wan2.1 latents have {CHANNELS}")
-        self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(1, CHANNELS, 1, 1, 1)
-        self.std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(1, CHANNELS, 1, 1, 1)
+        self.channels = int(cfg.z_dim)
+        if self.channels not in SPATIAL_OF or len(cfg.latents_mean) != self.channels:
+            raise ConfigError(f"--latent-decoder {path}: a VAE of {cfg.z_dim} latent channels; cosmos-rl's latents have 16 (Wan2.1) "
+                              "or 48 (Wan2.2, Cosmos)")
+        self.spatial = int(getattr(cfg, "scale_factor_spatial", None) or SPATIAL_OF[self.channels])
+        if self.spatial != SPATIAL_OF[self.channels]:
+            raise ConfigError(f"--latent-decoder {path}: {self.channels} latent channels at {self.spatial}x; "
+                              f"Wan VAEs of {self.channels} channels decode at {SPATIAL_OF[self.channels]}x")
+        self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(1, self.channels, 1, 1, 1)
+        self.std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(1, self.channels, 1, 1, 1)
         self.path = str(path)
         self.base_dim = int(cfg.base_dim)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.vae.parameters())
 
     def peak_bytes(self, shape: tuple[int, ...]) -> int:
         """Host memory decoding latents of ``shape`` takes at its peak with this VAE (``decode_peak_bytes``)."""
-        return decode_peak_bytes(tuple(shape), self.base_dim, self.weight_bytes, self.device.type == "cpu")
+        return decode_peak_bytes(tuple(shape), self.base_dim, self.weight_bytes, self.device.type == "cpu", self.spatial)
 
     @torch.inference_mode()
     def decode(self, latents: np.ndarray, sigma_data: float = 1.0, refused: dict[int, str] | None = None) -> tuple[np.ndarray, float]:

@@ -43,7 +43,7 @@ from ..contract import Contract
 from ..errors import InputError, RequestError
 from ..video.inputs import Sampled
 from ..limits import Limits
-from ..protocol import Video, context_ref
+from ..protocol import ErrorCode, Video, context_ref
 from ..video.sampling import SamplePlan
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -135,14 +135,14 @@ def confine_path(raw: str, allow_dirs: tuple[str, ...], where: str) -> str:
     if not raw:
         raise InputError(where, "'path' must be a non-empty string")
     if not allow_dirs:
-        raise RequestError(where, "path inputs are disabled on this server (start it with --allow-dir)", 403, "forbidden")
+        raise RequestError(where, "path inputs are disabled on this server (start it with --allow-dir)", code=ErrorCode.FORBIDDEN)
     if "\x00" in raw:
         raise InputError(where, "path contains a NUL byte")
     real = os.path.realpath(raw)
     for d in allow_dirs:
         if os.path.commonpath([real, d]) == d:
             return real
-    raise RequestError(f"{where} {raw}", "is outside the allowed directories", 403, "forbidden")
+    raise RequestError(f"{where} {raw}", "is outside the allowed directories", code=ErrorCode.FORBIDDEN)
 
 
 FILE_READ_SECONDS = 30
@@ -177,7 +177,7 @@ def presampled(arr: np.ndarray, times: list[float], sampled: str, role: str, con
     if sampled != contract.fingerprint:
         raise RequestError(
             label, f"was sampled under contract {sampled[:12]}, this server runs {contract.fingerprint[:12]}; "
-            "read /v1/info and sample again (nvrm's client does this itself)", 409, "contract_mismatch",
+            "read /v1/info and sample again (nvrm's client does this itself)", code=ErrorCode.CONTRACT_MISMATCH,
         )
     n = int(arr.shape[0])
     if len(times) != n:
@@ -220,7 +220,7 @@ def to_media(
         if held is None:
             raise RequestError(
                 f"{where}.ref {video.ref[:16]}", "is not held by this server (never uploaded, or evicted); upload it with POST /v1/contexts",
-                409, "context_unknown",
+                status=409, code=ErrorCode.CONTEXT_UNKNOWN,
             )
         return held
 

@@ -31,6 +31,12 @@ class Work:
         """An upper bound of the memory its prepared videos take (``nvrm.serve.budget``)."""
         self.body_bytes = 0
         """The size of the body it was parsed from (its media may be views into it)."""
+        self.model: str | None = None
+        """The served model it names (``nvrm.serve.models``); None: the first."""
+        self.expect_revision: str | None = None
+        """The revision it must be scored by (409 otherwise); None: any."""
+        self.fingerprint: str | None = None
+        """The contract fingerprint of the model that parsed it (a swap to another contract meanwhile: retry)."""
 
     @property
     def size(self) -> int:
@@ -44,6 +50,9 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
     limits = state.model.limits
     max_items = min(limits.max_request_items, state.config.max_queue_items)
     body = parse_body(raw, content_type, max_items, 2 * limits.max_context_samples)
+    if hasattr(state, "for_payload"):  # several served models (nvrm.serve.models): the one it names parses it
+        state = state.for_payload(body.payload)
+        limits = state.model.limits
     model = ScoreRequest if kind == "score" else GroupRequest
     listed = body.payload.get("items" if kind == "score" else "candidates") if isinstance(body.payload, dict) else None
     n = len(listed) if isinstance(listed, list) else 0  # counted before validation builds an error per element
@@ -89,6 +98,7 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
     else:
         group = (req.prompt, context(req.context, "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
+    work.model, work.expect_revision, work.fingerprint = req.model, req.expect_revision, state.model.fingerprint  # type: ignore[union-attr]
     work.hash_seconds = HASH_SECONDS.value
     work.body_bytes = len(raw)
     videos = [(c.value, "context", c.key) for _, c, _ in work.items] + [(d.value, "candidate", "") for _, _, d in work.items] if work.items is not None else (

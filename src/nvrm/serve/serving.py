@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from ..errors import InputError, RequestError, ShuttingDown
-from ..protocol import error_body
+from ..protocol import INPUT_CODES, ErrorCode, error_body
 from ..results import item_dict
 from .budget import ByteBudget
 from .config import ServeConfig
@@ -31,10 +31,7 @@ from .memory import Trimmer
 from .metrics import Metrics
 from .requests import Work, parse_upload, parse_work
 from .scheduler import Scheduler
-
-INPUT_CODES = ("invalid_input", "contract_violation", "limit_exceeded")
-"""Item error codes that are the input's fault (a request where every item has one is a 422)."""
-
+from ..record import capture as record_capture
 
 @dataclass(frozen=True)
 class Reply:
@@ -45,8 +42,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def error(cls, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> "Reply":
-        return cls(status, error_body(code, message), headers or {})
+    def error(cls, code: ErrorCode | str, message: str, headers: dict[str, str] | None = None, *, status: int | None = None) -> "Reply":
+        """An error answer: ``code``'s HTTP status (or ``status``) and the JSON error body."""
+        code = ErrorCode(code)
+        return cls(code.status if status is None else status, error_body(code, message), headers or {})
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ class Serving:
         self.cache = ContextCache(int(config.context_cache_mb * 1024 * 1024), self._counter(self.metrics.context_cache))
         self.prefixes = PrefixCache(int(config.prefix_cache_mb * 1024 * 1024), self._counter(self.metrics.prefix_cache))
         self.store = ContextStore(int(config.context_store_mb * 1024 * 1024), self._counter(self.metrics.context_store))
+        self.recorder = record_capture.from_serve(config)  # --record DIR: scored items kept off the request path (nvrm.record)
 
     @staticmethod
     def _counter(metric) -> Callable[[bool], None]:
@@ -92,16 +92,26 @@ class Serving:
                                    max_queue_items=c.max_queue_items, metrics=self.metrics, cache=self.cache, prefixes=self.prefixes)
         self.model = model
 
+    def drain(self, seconds: float, *, wait: bool = True) -> bool:
+        """The service's one drain: refuse new work at once, answer what is still open "shutting down" after
+        ``seconds``, and (``wait``) wait as long for the scorer to stop. Idempotent: the first call starts it
+        (a signal, or the app's shutdown), later ones only wait. True once the scorer has stopped (or never ran);
+        False without ``wait``, or while a forward pass is still running after ``seconds``."""
+        if self.scheduler is None:
+            return True
+        self.scheduler.begin_drain(seconds)
+        return self.scheduler.stop(seconds) if wait else False
+
     # ------------------------------------------------------------ probes and info
 
     def not_ready(self) -> Reply | None:
         if self.model is None:
-            return Reply.error(503, "not_ready", self.load_error or "model is loading", {"Retry-After": "2"})
+            return Reply.error(ErrorCode.NOT_READY, self.load_error or "model is loading", {"Retry-After": "2"})
         return None
 
     def ready(self) -> Reply:
         if self.scheduler is not None and self.scheduler.draining:
-            return Reply.error(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"})
+            return Reply.error(ErrorCode.SHUTTING_DOWN, "the server is shutting down", {"Retry-After": "1"})
         return self.not_ready() or Reply(200, {"status": "ready"})
 
     def info(self) -> Reply:
@@ -128,20 +138,21 @@ class Serving:
         if (busy := self.not_ready()) is not None:
             return busy
         if self.store.get(ref) is None:
-            return Reply.error(404, "context_unknown", f"context {ref[:16]} is not held by this server; upload it with POST /v1/contexts")
+            return Reply.error(ErrorCode.CONTEXT_UNKNOWN,
+                               f"context {ref[:16]} is not held by this server; upload it with POST /v1/contexts")
         return Reply(200, {"ref": ref})
 
     # ------------------------------------------------------------ admission in bytes
 
     def refused(self, e: InputError) -> Reply:
         """A request refused before any work: its status and code (400 ``bad_request`` for a plain input error), counted."""
-        status, code = (e.status, e.code) if isinstance(e, RequestError) else (400, "bad_request")
+        code = e.code if isinstance(e, RequestError) else ErrorCode.BAD_REQUEST
         self.metrics.rejected.labels(reason=code).inc()
-        return Reply.error(status, code, str(e))
+        return Reply.error(code, str(e), status=e.status if isinstance(e, RequestError) else None)
 
     def overloaded(self, what: str) -> Reply:
         self.metrics.rejected.labels(reason="memory").inc()
-        return Reply.error(503, "overloaded", f"{what}: the bytes in flight are at --max-inflight-mb ({self.budget.used} of {self.budget.max_bytes} "
+        return Reply.error(ErrorCode.OVERLOADED, f"{what}: the bytes in flight are at --max-inflight-mb ({self.budget.used} of {self.budget.max_bytes} "
                            "reserved); retry shortly", {"Retry-After": "1"})
 
     def body_reservation(self, body: Body) -> int:
@@ -194,7 +205,7 @@ class Serving:
         need = work.prepared_bytes
         if need + body_bytes > self.budget.max_bytes:
             self.metrics.rejected.labels(reason="memory").inc()
-            return Reply.error(413, "too_large", f"request: its prepared frames need up to {need} bytes, more than --max-inflight-mb allows "
+            return Reply.error(ErrorCode.TOO_LARGE, f"request: its prepared frames need up to {need} bytes, more than --max-inflight-mb allows "
                                f"({self.budget.max_bytes}); send fewer items or shorter contexts")
         if not self.budget.try_reserve(need):
             return self.overloaded("request")
@@ -223,12 +234,13 @@ class Serving:
         failed_on_input = body["results"] and all(r.get("error", {}).get("code") in INPUT_CODES for r in body["results"])
         return Reply(422 if failed_on_input else 200, body)
 
-    async def results(self, work: Work) -> "list[Any] | Reply":
-        """One ``ScoreResult`` or error per item of ``work``, or the ``Reply`` that refused it as a whole."""
-        scheduler, timeout = self.scheduler, self.config.request_timeout_s
+    async def results(self, work: Work, scheduler: Scheduler | None = None) -> "list[Any] | Reply":
+        """One ``ScoreResult`` or error per item of ``work`` (on ``scheduler``, default the model's), or the ``Reply`` that refused it."""
+        scheduler, timeout = scheduler or self.scheduler, self.config.request_timeout_s
         if not scheduler.try_admit(work.size):  # type: ignore[union-attr]
             self.metrics.rejected.labels(reason="queue_full").inc()
-            return Reply.error(503, "overloaded", f"queue is full ({scheduler.depth} items in flight); retry shortly", {"Retry-After": "1"})  # type: ignore[union-attr]
+            return Reply.error(ErrorCode.OVERLOADED, f"queue is full ({scheduler.depth} items in flight); retry shortly",  # type: ignore[union-attr]
+                               {"Retry-After": "1"})
         deadline = time.monotonic() + timeout
         if work.kind == "score":
             futures = [scheduler.submit(p, c, d, deadline=deadline, exact=work.exact) for p, c, d in work.items]  # type: ignore[union-attr]
@@ -239,10 +251,14 @@ class Serving:
         except asyncio.TimeoutError:
             for f in futures:
                 f.cancel()
-            self.metrics.rejected.labels(reason="timeout").inc()
-            return Reply.error(504, "timeout", f"scoring took longer than {timeout:g} s")
+            # the reservation goes back with this answer, but a worker may still be preparing the request's
+            # frames from its body: they stay counted until the scheduler lets go of them
+            self.budget.hold_until_done(work.body_bytes + work.prepared_bytes, [f.settled for f in futures])
+            self.metrics.rejected.labels(reason=ErrorCode.TIMEOUT).inc()
+            return Reply.error(ErrorCode.TIMEOUT, f"scoring took longer than {timeout:g} s")
         results = list(done) if work.kind == "score" else list(done[0])
         for r in results:  # the whole request was refused while it waited (shutdown)
             if isinstance(r, ShuttingDown):
-                return Reply.error(503, r.code, str(r), {"Retry-After": "1"})
+                return Reply.error(r.code, str(r), {"Retry-After": "1"}, status=r.status)
+        record_capture.offer_work(self.recorder, work, results, scheduler.model)  # type: ignore[union-attr]
         return results

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RequestError
-from ..protocol import REQUEST_PART
+from ..protocol import REQUEST_PART, ErrorCode
 
 # A request is a handful of objects per item (the item, its context and its candidate):
 # more braces than this many per allowed item is not a scoring request.
@@ -68,7 +68,7 @@ async def read_body(request, max_bytes: int, timeout_s: float | None = None) -> 
     import asyncio
 
     length = request.headers.get("content-length")
-    too_large = RequestError("request body", f"is larger than the limit of {max_bytes} bytes", 413, "too_large")
+    too_large = RequestError("request body", f"is larger than the limit of {max_bytes} bytes", code=ErrorCode.TOO_LARGE)
     if length is not None and (not length.isdigit() or int(length) > max_bytes):
         raise too_large
     buf = bytearray(int(length)) if length is not None else bytearray()
@@ -86,7 +86,8 @@ async def read_body(request, max_bytes: int, timeout_s: float | None = None) -> 
                     buf += chunk
                 size = end
     except TimeoutError:
-        raise RequestError("request body", f"did not arrive whole within {timeout_s:g} s ({size} bytes came; --body-timeout-s)", 408, "request_timeout") from None
+        raise RequestError("request body", f"did not arrive whole within {timeout_s:g} s ({size} bytes came; --body-timeout-s)",
+                           code=ErrorCode.REQUEST_TIMEOUT) from None
     if size < len(buf):  # the client sent less than it declared (the server cut the connection short)
         del buf[size:]
     return buf
@@ -98,7 +99,7 @@ def parse_json(raw: bytes, max_items: int, where: str = "request body", times_pe
 
     over = _structure_over(raw, OBJECTS_PER_ITEM * max_items + 16, (VALUES_PER_ITEM + times_per_item) * max_items + 64)
     if over is not None:
-        raise RequestError(where, f"holds more JSON {over} than {max_items} items can need", 413, "too_large")
+        raise RequestError(where, f"holds more JSON {over} than {max_items} items can need", code=ErrorCode.TOO_LARGE)
     try:
         return json.loads(raw)
     except RecursionError as e:
@@ -178,5 +179,6 @@ def parse_body(raw: bytes, content_type: str, max_items: int, times_per_item: in
     if kind == "multipart/form-data":
         return parse_multipart(raw, content_type, max_items, times_per_item)
     if kind not in ("", "application/json", "text/plain"):
-        raise RequestError("request body", f"content type {kind!r} is not accepted; send application/json or multipart/form-data", 415, "unsupported_media_type")
+        raise RequestError("request body", f"content type {kind!r} is not accepted; send application/json or multipart/form-data",
+                           code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
     return Body(parse_json(raw, max_items, times_per_item=times_per_item), {}, len(raw))

@@ -1,8 +1,12 @@
 """Train NVRM-style reward models: Bradley-Terry (with ties) on preference pairs, LoRA, export.
 
 It imports the scoring library (same preprocessing code path); the library never imports it.
+
+    fit(base, pairs, output, config) -> Summary      fine-tune, export OUTPUT/bundle and check it (nvrm train)
+    prepare_store(model, pairs_files, store) -> StoreBuild   videos prepared once, here or on Ray (nvrm prefs prepare)
 """
 
 from .config import TrainConfig
+from .fit import RayStore, StoreBuild, Summary, fit, prepare_store
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "fit", "Summary", "prepare_store", "StoreBuild", "RayStore"]

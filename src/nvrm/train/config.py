@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..cli.fields import meta as _help
+from .._fields import meta as _help
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VISION_LORA_TARGETS = ("qkv", "proj", "linear_fc1", "linear_fc2")

@@ -92,6 +92,7 @@ def merged_model(trainer):
     runtime creates them)."""
     from ..errors import TrainingError
     from ..forward.model import DTYPES, RewardHead
+    from ..scoring.loading import head_dtype_for
     from ..scoring.reward_model import RewardModel
 
     rm = trainer.rm
@@ -109,7 +110,10 @@ def merged_model(trainer):
         raise TrainingError(f"the trained weights are not finite ({', '.join(bad[:3]) or 'the head'}); no bundle is exported")
     weight = trainer.head.weight.detach().to(dtype).reshape(1, -1)
     bias = trainer.head.bias.detach().to(dtype).reshape(1) if trainer.head.bias is not None else None
-    head = RewardHead(weight, bias, DTYPES[rm.contract.head_dtype]).to(trainer.device)
+    # the head as a load of the export runs it: the backbone is now in the export's dtype, and only a float32
+    # backbone runs its head in float32 (scoring.loading.head_dtype_for)
+    dtype_name = next(name for name, d in DTYPES.items() if d == dtype)
+    head = RewardHead(weight, bias, DTYPES[head_dtype_for(rm.contract, dtype_name)]).to(trainer.device)
     return RewardModel(backbone, head, rm.processor, rm.contract, device=trainer.device, settings=rm.settings, engine=rm.engine)
 
 
