@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from nvrm.bench import clean_json as main_json, format_table, run_bench
 
 
+@pytest.mark.slow
 def test_bench_smoke_tiny():
     report = run_bench("tiny", groups=(1, 2), contexts=(5,), fps=8, size=(96, 128))
     assert report["preprocessing"]["bit_identical"] is True

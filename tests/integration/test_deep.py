@@ -22,6 +22,7 @@ def deep(tmp_path_factory):
     m.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", range(3))
 def test_deep_group_and_batch_within_the_measured_tolerance(deep, k):
     ctx = Clip(moving_square(4 + 4 * k, 64 + 16 * k, 80, seed=k), fps=4)

@@ -92,6 +92,7 @@ def test_pixel_value_gradients_match_central_differences_in_float32(model32):
         assert abs(ad - fd) <= 1e-3 * max(abs(fd), 1e-6), (ad, fd)
 
 
+@pytest.mark.slow
 def test_gradient_ascent_raises_the_frozen_candidates_exact_reward(demo):
     """End to end on the demo model: the surrogate's gradient, applied to the frames and re-quantised,
     raises the reward ``score`` gives (which is also how reward hacking starts)."""
@@ -137,6 +138,7 @@ def test_the_plain_api_detaches_frames_that_require_grad(model):
     assert info["nvrm_failed"] == [] and scores == scored(model, x, 1) and x.grad is None
 
 
+@pytest.mark.slow
 def test_refl_reward_groups_items_and_keeps_the_graph(model):
     from nvrm.rl import refl_reward
     from nvrm.errors import ConfigError, RewardFnError

@@ -64,6 +64,7 @@ def test_codec_is_refused_when_it_cannot_match(model):
     assert PixelCodec.for_processor(Odd(), 1024, 76800) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_workers_prepare_exactly_what_inline_prepares(engines, kind):
     videos = [engines[kind].submit_video(c, "candidate") for c in CANDS]
@@ -120,6 +121,7 @@ def test_results_survive_the_process_boundary(engines):
     assert same_video(back, video)
 
 
+@pytest.mark.slow
 def test_a_worker_process_that_dies_is_replaced_and_its_job_retried(tiny_bundle, tmp_path):
     engine = Engine.for_bundle(tiny_bundle, workers=1, kind="process")
     try:

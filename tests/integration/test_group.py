@@ -32,6 +32,7 @@ def test_group_inputs_equal_per_item_inputs(model):
     assert 0 < enc.prefix_len < min(len(s) for s in enc.ids)
 
 
+@pytest.mark.slow
 def test_group_equals_single_within_the_measured_tolerance(model):
     group = model.score_group("A prompt", CTX, CANDS)
     for c, g in zip(CANDS, group):
@@ -58,6 +59,7 @@ def test_chunked_suffix_batches_equal_one_batch(model32):
     assert chunked == pytest.approx(whole, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_single_candidate_group_and_compare_rank(model):
     [one] = model.score_group("p", CTX, CANDS[:1])
     assert abs(one.reward - model.score("p", CTX, CANDS[0]).reward) <= GROUP_ULPS * bf16_ulp(one.reward)
@@ -81,6 +83,7 @@ def test_bad_candidate_in_group(model):
         model.score_group("p", "/nonexistent.mp4", CANDS[:2], errors="return")
 
 
+@pytest.mark.slow
 def test_compiled_model_scores_like_eager(tiny_bundle, model32):
     from nvrm.errors import ConfigError
     from nvrm.forward.cpu_attention import cpu_attention_degraded

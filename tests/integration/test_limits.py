@@ -101,6 +101,7 @@ def test_context_ticks_never_loop_forever():
 # 3. decompression bombs, under a memory limit
 
 
+@pytest.mark.slow
 def test_a_decompression_bomb_is_refused_from_its_header_within_a_memory_bound(tmp_path):
     bomb = write_blank(tmp_path / "bomb.mp4", 8192, 8192, 3)
     assert (tmp_path / "bomb.mp4").stat().st_size < 300_000
@@ -170,6 +171,7 @@ def test_groups_over_the_candidate_limit_are_refused_whole(tiny_bundle):
         assert len(out[0]) == 4 and all(isinstance(e, LimitError) and "max_group_candidates=3" in str(e) for e in out[0])
 
 
+@pytest.mark.slow
 def test_a_big_group_is_prepared_a_few_chunks_at_a_time(tiny_bundle, monkeypatch):
     import nvrm.engine.core as core
     from nvrm.scoring import streaming

@@ -64,6 +64,7 @@ def test_packed_batch_equals_single(model):
     assert [r.reward for r in got] == [model.score(*it).reward for it in items]
 
 
+@pytest.mark.slow
 def test_batch_equals_single_within_the_measured_tolerance(model):
     items = []
     for i, (t_ctx, size) in enumerate([(3, (64, 80)), (9, (96, 128)), (1, (48, 200)), (6, (120, 90))]):

@@ -57,6 +57,7 @@ def test_fixtures_are_the_release_files():
     assert config["vision_config"]["deepstack_visual_indexes"] == [5, 11, 17]
 
 
+@pytest.mark.slow
 @pytest.mark.transformers_forward
 def test_both_key_layouts_load_and_match_the_reference(bundles, real):
     rewards = {}
@@ -116,6 +117,7 @@ def test_grid_and_pixel_values_of_portrait_landscape_square(real, shape, grid):
     assert torch.equal(real.engine.codec.to_pixel_values(video.pixels), ref["pixel_values"])
 
 
+@pytest.mark.slow
 def test_template_only_in_tokenizer_config_is_used(bundles, tmp_path, real):
     path = tmp_path / "no-template"
     shutil.copytree(bundles["bare"], path)

@@ -80,6 +80,7 @@ def _losses(out: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+@pytest.mark.slow
 def test_training_from_the_store_equals_training_from_the_files(tiny_bundle, task, tmp_path):
     files = _trainer(tiny_bundle, tmp_path / "files")
     files.train(files.load_pairs(task / "train_pairs.jsonl", "training"))
@@ -102,6 +103,7 @@ def test_gradient_checkpointing_changes_memory_not_gradients(tiny_bundle, task, 
     assert any(float(p.abs().sum()) > 0 for p in runs[True][:-1])  # the step moved the adapters (the test can fail)
 
 
+@pytest.mark.slow
 def test_store_built_on_ray_holds_what_a_local_build_holds(tiny_bundle, task, tmp_path):
     local, remote = tmp_path / "local", tmp_path / "ray"
     pairs = ["--pairs", str(task / "eval_pairs.jsonl")]

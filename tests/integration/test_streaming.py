@@ -15,6 +15,7 @@ def groups(n: int):
     return [(f"prompt {k}", CTXS[k % len(CTXS)], CANDS[: 2 + k % 3]) for k in range(n)]
 
 
+@pytest.mark.slow
 def test_score_groups_equals_score_group_in_order(model):
     want = [[r.reward for r in model.score_group(*g)] for g in groups(5)]
     got = [[r.reward for r in out] for out in model.score_groups(groups(5))]

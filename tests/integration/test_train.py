@@ -30,6 +30,7 @@ def losses(out):
     return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+@pytest.mark.slow
 def test_loss_decreases_and_accuracy_beats_chance(tiny_bundle, task, tmp_path):
     t = make(tiny_bundle, tmp_path, epochs=4)
     pairs = t.load_pairs(task["train"], "training")
@@ -43,6 +44,7 @@ def test_loss_decreases_and_accuracy_beats_chance(tiny_bundle, task, tmp_path):
     assert after["mean_margin"] > before["mean_margin"]
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_resume_continues_exactly(tiny_bundle, task, tmp_path):
     full = make(tiny_bundle, tmp_path / "full")
     pairs = full.load_pairs(task["train"], "training")
@@ -95,6 +97,7 @@ def test_ties_train_with_the_rao_kupper_loss(tiny_bundle, task, tmp_path):
         make(tiny_bundle, tmp_path / "zero", epochs=1, tie_margin=0.0).train(t.load_pairs(tied, "training"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora_vision", [False, True])
 def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path, lora_vision):
     t = make(tiny_bundle, tmp_path / "run", epochs=1, lora_vision=lora_vision)
@@ -133,6 +136,7 @@ def test_export_round_trip_gives_the_trained_rewards(tiny_bundle, task, tmp_path
     assert any("q_proj" in k or "v_proj" in k for k in changed), changed[:5]
 
 
+@pytest.mark.slow
 def test_mismatch_pairs_score_the_rejected_side_under_its_own_prompt_and_context(tiny_bundle, tmp_path):
     """Trainer and ``nvrm eval`` give a mismatch pair's rejected side its own prompt / context."""
     from nvrm.prefs.pairs import read_pairs

@@ -36,6 +36,7 @@ def format_clips(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FORMATS) + ["vfr"])
 def test_format_scores_and_matches_reference_frames(model, format_clips, name):
     path = format_clips[name]
