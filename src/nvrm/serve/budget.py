@@ -3,7 +3,9 @@
 A request reserves, before its body is read, the body's declared size (``content-length``, else
 ``--max-body-mb``), and after parsing, an upper bound of the memory its prepared videos take
 (``prepared_bytes``). It is answered 503 (``overloaded``, ``Retry-After``) when that does not fit in
-``--max-inflight-mb``, and 413 when it could never fit. Everything is released when it is answered.
+``--max-inflight-mb``, and 413 when it could never fit. Everything is released when it is answered,
+except that a request answered 504 while a worker still prepares its frames keeps its body and frame
+bytes counted until that worker is done (``ByteBudget.hold_until_done``).
 
 For a file or encoded bytes, the frame count comes from the duration the container declares, plus
 the slack decoding allows (``decode.declared_bound``): a context with frames past it is refused as
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Sequence
 
 from ..clip import Clip
 from ..contract import Contract
@@ -53,6 +56,31 @@ class ByteBudget:
         with self._lock:
             self._used = max(0, self._used - n)
         self._on_release()
+
+    def hold_until_done(self, n: int, pending: "Sequence[Future]") -> None:
+        """Count ``n`` more bytes (past the limit if need be) until every future in ``pending`` is done.
+
+        For work that outlives its request: a request answered 504 gives its reservation back with the
+        answer, while a worker may still be preparing its frames from its body; those stay counted until
+        the scheduler lets go of them (``Admitted.settled``). The callbacks reach neither the futures nor
+        what they prepare, so nothing is kept alive by them."""
+        left = [f for f in pending if not f.done()]
+        if not left or n <= 0:
+            return
+        with self._lock:
+            self._used += n
+        count = [len(left)]
+        lock = threading.Lock()
+
+        def one(_: Future) -> None:
+            with lock:
+                count[0] -= 1
+                last = count[0] == 0
+            if last:
+                self.release(n)
+
+        for f in left:
+            f.add_done_callback(one)
 
 
 def frame_bytes(contract: Contract, codec: bool) -> int:

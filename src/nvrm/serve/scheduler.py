@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections import defaultdict, deque
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -42,6 +42,18 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 
+class Admitted(Future):
+    """A request's future (a ScoreResult or error, or one per candidate), with ``settled``: done once the
+    scheduler holds nothing of the request any more (its preparation has finished and its prepared
+    item was scored or dropped), however the request itself was answered. ``settled`` references none of
+    the preparation's results, so a request answered 504 can keep its bytes counted until then
+    (``ByteBudget.hold_until_done``) without keeping them alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled: Future = Future()
+
+
 @dataclass
 class _Single:
     item: Any  # PreparedItem
@@ -49,6 +61,7 @@ class _Single:
     future: Future
     deadline: float
     exact: bool
+    settled: Future  # set once the scorer is done with it (scored or dropped)
 
 
 @dataclass
@@ -58,27 +71,40 @@ class _Group:
     size: int
     deadline: float
     exact: bool
+    settled: Future
 
 
 _STOP = object()
 
 
+def _error_of(f: Future) -> BaseException | None:
+    """A done future's error (a ``CancelledError`` when it was cancelled), without raising it here."""
+    return CancelledError() if f.cancelled() else f.exception()
+
+
 def _when_all(futures: Sequence[Future], then: Callable[[list[Any]], None], fail: Callable[[BaseException], None]) -> None:
-    """Call ``then(results)`` once every future is done, or ``fail(error)`` on the first failure."""
+    """Call ``then(results)`` once every future is done, or ``fail(error)`` on the first failure.
+
+    A future keeps its callbacks once done, so the callback reaches the futures only through ``box``,
+    emptied when the last one is done: no reference cycle (future -> callback -> futures) keeps their
+    results (prepared frames) alive until a full garbage collection. Nothing is raised here either, so no
+    traceback holds this frame."""
     left = [len(futures)]
     lock = threading.Lock()
+    box = list(futures)
 
     def done(_: Future) -> None:
         with lock:
             left[0] -= 1
             if left[0]:
                 return
-        try:
-            results = [f.result() for f in futures]
-        except BaseException as e:  # noqa: BLE001 - delivered to the item
-            fail(e)
-            return
-        then(results)
+            mine = box[:]
+            box.clear()
+        for f in mine:
+            if (e := _error_of(f)) is not None:
+                fail(e)
+                return
+        then([f.result() for f in mine])
 
     for f in futures:
         f.add_done_callback(done)
@@ -140,10 +166,10 @@ class Scheduler:
         with self._lock:
             self._open[fut] = n if group else 0
 
-        def done(_: Future) -> None:
+        def done(f: Future) -> None:  # the future as its argument, not a closure: no cycle through its callbacks
             with self._lock:
                 self._admitted -= n
-                self._open.pop(fut, None)
+                self._open.pop(f, None)
 
         fut.add_done_callback(done)
 
@@ -152,9 +178,10 @@ class Scheduler:
 
     # ------------------------------------------------------------ submission (after try_admit)
 
-    def submit(self, prompt: str, context: Media, candidate: Media, *, deadline: float, exact: bool = False) -> Future:
+    def submit(self, prompt: str, context: Media, candidate: Media, *, deadline: float, exact: bool = False) -> Admitted:
         """One item; the future resolves to a ScoreResult or an NvrmError."""
-        fut: Future = Future()
+        fut = Admitted()
+        release = fut.settled
         self._track(fut, 1, group=False)
         key = (prompt, context.key) if self.cache.enabled and not exact else None
         if key is not None:
@@ -178,44 +205,48 @@ class Scheduler:
 
         def encode(videos: list[Any]) -> None:
             if fut.done():
+                _resolve(release, None)
                 return
             try:
                 job = self.engine.submit_item(prompt, videos[0], videos[1])  # text and positions only: videos are ready
             except RuntimeError:  # the engine closed: the server is going down
                 _resolve(fut, ShuttingDown())
+                _resolve(release, None)
                 return
             job.add_done_callback(lambda j: queued(j))
 
         def queued(job: Future) -> None:
-            if fut.done():  # answered meanwhile (timed out, shut down)
+            if fut.done() or (e := _error_of(job)) is not None:  # answered meanwhile (timed out, shut down), or failed
+                if not fut.done():
+                    _resolve(fut, unexpected(e))
+                _resolve(release, None)
                 return
-            try:
-                item = job.result()
-            except BaseException as e:  # noqa: BLE001
-                _resolve(fut, unexpected(e))
-                return
-            self._ready.put(_Single(item, key, fut, deadline, exact))
+            self._ready.put(_Single(job.result(), key, fut, deadline, exact, release))
             prepared_one()
 
-        _when_all(parts, encode, lambda e: None if fut.done() else _resolve(fut, unexpected(e)))
+        def failed(e: BaseException) -> None:
+            if not fut.done():
+                _resolve(fut, unexpected(e))
+            _resolve(release, None)
+
+        _when_all(parts, encode, failed)
         return fut
 
-    def submit_group(self, prompt: str, context: Media, candidates: Sequence[Media], *, deadline: float, exact: bool = False) -> Future:
+    def submit_group(self, prompt: str, context: Media, candidates: Sequence[Media], *, deadline: float, exact: bool = False) -> Admitted:
         """A group; the future resolves to one ScoreResult or NvrmError per candidate
         (every slot carries the context's error when the context is unusable)."""
-        fut: Future = Future()
+        fut = Admitted()
+        release = fut.settled
         n = len(candidates)
         self._track(fut, n, group=True)
 
         def prepared(job: Future) -> None:
-            if fut.done():
+            if fut.done() or (e := _error_of(job)) is not None:
+                if not fut.done():
+                    _resolve(fut, [unexpected(e)] * n)
+                _resolve(release, None)
                 return
-            try:
-                group = job.result()
-            except BaseException as e:  # noqa: BLE001
-                _resolve(fut, [unexpected(e)] * n)
-                return
-            self._ready.put(_Group(group, fut, n, deadline, exact))
+            self._ready.put(_Group(job.result(), fut, n, deadline, exact, release))
 
         self.engine.submit_group(prompt, self._context(context), [c.value for c in candidates]).add_done_callback(prepared)
         return fut
@@ -254,24 +285,37 @@ class Scheduler:
         return self._ready.get(timeout=timeout) if timeout is None or timeout > 0 else self._ready.get_nowait()
 
     def _live(self, work) -> bool:
-        """Whether ``work`` still needs scoring (its request neither answered nor past its deadline)."""
-        if work.future.done():
-            return False
-        if time.monotonic() > work.deadline:
+        """Whether ``work`` still needs scoring (its request neither answered nor past its deadline);
+        work that does not is let go (``settled``)."""
+        if not work.future.done() and time.monotonic() > work.deadline:
             self.metrics.expired.inc(getattr(work, "size", 1))
             _resolve(work.future, Expired() if isinstance(work, _Single) else [Expired()] * work.size)
+        if work.future.done():
+            _resolve(work.settled, None)
             return False
         return True
 
+    def _run(self, works: list[Any]) -> None:
+        """Score ``works`` (one group, or single items batched), then let them go (``settled``)."""
+        try:
+            if len(works) == 1 and isinstance(works[0], _Group):
+                self.execution.run_group(works[0])
+            else:
+                self.execution.run_singles(works)
+        finally:
+            for w in works:
+                _resolve(w.settled, None)
+
     def _loop(self) -> None:
         while True:
+            work = batch = nxt = None  # nothing of the last batch stays alive while the scorer waits
             work = self._next(None)
             if work is _STOP:
                 return
             if not self._live(work):
                 continue
             if isinstance(work, _Group):
-                self.execution.run_group(work)
+                self._run([work])
                 continue
             batch = [work]
             start = time.monotonic()
@@ -295,10 +339,10 @@ class Scheduler:
                     break
                 if self._live(nxt):
                     batch.append(nxt)
-            self.execution.run_singles(batch)
+            self._run(batch)
             if stop_after:
                 while self._held:  # drain what was held back, then stop
                     held = self._held.popleft()
                     if self._live(held):
-                        self.execution.run_group(held) if isinstance(held, _Group) else self.execution.run_singles([held])
+                        self._run([held])
                 return
