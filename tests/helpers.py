@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 
-from nvrm.bench.numerics import BATCH_DRIFT_ULPS, GROUP_DRIFT_ULPS, bf16_ulp, ulps  # noqa: F401 - one source for the bounds
+from nvrm.fidelity.numerics import BATCH_DRIFT_ULPS, GROUP_DRIFT_ULPS, bf16_ulp, ulps  # noqa: F401 - one source for the bounds
 
 
 def exit_job(state, code: int) -> None:
@@ -26,7 +26,7 @@ def echo_job(state, value):
     return value, os.getpid()
 
 
-# The drift bounds live in nvrm.bench.numerics (measured by benchmarks/drift_sweep.py; README "Fidelity").
+# The drift bounds live in nvrm.fidelity.numerics (measured by benchmarks/drift_sweep.py; README "Fidelity").
 GROUP_ULPS = GROUP_DRIFT_ULPS
 BATCH_ULPS = BATCH_DRIFT_ULPS
 
@@ -203,3 +203,48 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m.group(3))
     return total
+
+
+class RayServer(Server):
+    """``nvrm serve --ray`` in a subprocess on a free loopback port (a local Ray cluster), ready when constructed."""
+
+    def __init__(self, bundle, *extra, env=None, timeout: float = 300):
+        import subprocess
+        import sys
+        import tempfile
+        import time
+        from pathlib import Path
+
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(Path(tempfile.gettempdir()) / f"nvrm-ray-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "nvrm"), "serve", "--model", str(bundle), "--ray", "--port", str(self.port), *map(str, extra)],
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError("ray serve did not become ready")
+
+    def stop(self):
+        """SIGTERM, then up to 60 s for Ray Serve to shut down."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()

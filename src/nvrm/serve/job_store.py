@@ -32,6 +32,9 @@ class Job:
     size: int = 0
     """Bytes its result takes in the store (its JSON)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    evicted: str | None = None
+    """Why its result is no longer kept (answered 507, never a 404 for an accepted job)."""
+    fetched: bool = False
 
     @property
     def done(self) -> bool:
@@ -48,6 +51,8 @@ class JobStore:
         self.clock = clock
         self._jobs: dict[str, Job] = {}
         self._bytes = 0
+        self._admitted = 0
+        """Jobs counted from their admission, their bodies still being read (not started yet)."""
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -63,12 +68,25 @@ class JobStore:
     def room(self) -> str | None:
         """Why no job can be accepted now (None when one can)."""
         self.expire()
-        if len(self._jobs) < self.max_jobs:
+        if len(self._jobs) + self._admitted < self.max_jobs:
             return None
-        return f"the job store is full ({len(self._jobs)} jobs, {self.pending} still running; --max-jobs {self.max_jobs}); fetch results or retry shortly"
+        return (f"the job store is full ({len(self._jobs) + self._admitted} jobs, {self.pending + self._admitted} still running; "
+                f"--max-jobs {self.max_jobs}); fetch results or retry shortly")
+
+    def admit(self) -> str | None:
+        """Count one job from now, before its body is read (None), or the reason there is no room."""
+        why = self.room()
+        if why is None:
+            self._admitted += 1
+        return why
+
+    def release(self) -> None:
+        """Give back an admission whose job never started (its body was refused)."""
+        self._admitted -= 1
 
     def start(self, kind: str, work: Callable[[], Awaitable[Any]], *, on_done: Callable[[], None] | None = None, **extra: Any) -> Job:
-        """Run ``work()`` as a job now; the caller has checked ``room()``."""
+        """Run ``work()`` as a job now, in the place its ``admit()`` held."""
+        self._admitted -= 1
         job = Job(uuid.uuid4().hex, kind, self.clock(), extra=extra)
         self._jobs[job.id] = job
 
@@ -94,8 +112,17 @@ class JobStore:
             job.size = len(json.dumps(result, default=str))
         except (TypeError, ValueError):
             job.size = 256
+        if job.size > self.max_result_bytes:
+            self._evict(job, f"its result is {job.size} bytes, more than --max-job-results-mb {self.max_result_bytes / 2**20:g} allows; "
+                        "send fewer items per job or raise the limit", counted=False)
+            return
         self._bytes += job.size
         self.expire()
+
+    def _evict(self, job: Job, why: str, *, counted: bool = True) -> None:
+        if counted:
+            self._bytes -= job.size
+        job.result, job.size, job.evicted = None, 0, why
 
     def get(self, job_id: str) -> Job | None:
         """The job, or None when unknown or expired."""
@@ -103,15 +130,20 @@ class JobStore:
         return self._jobs.get(job_id)
 
     def expire(self) -> None:
-        """Drop finished jobs past their TTL, then the oldest finished ones while over the byte bound."""
+        """Drop finished jobs past their TTL, then the oldest finished results while over the byte bound (one never
+        fetched leaves a marker that answers 507)."""
         now = self.clock()
         for jid in [j.id for j in self._jobs.values() if j.done and now - j.finished > self.ttl_s]:  # type: ignore[operator]
             self._drop(jid)
         if self._bytes > self.max_result_bytes:
-            for job in sorted((j for j in self._jobs.values() if j.done), key=lambda j: j.finished):
+            for job in sorted((j for j in self._jobs.values() if j.done and j.size), key=lambda j: j.finished):
                 if self._bytes <= self.max_result_bytes:
                     break
-                self._drop(job.id)
+                if job.fetched:
+                    self._drop(job.id)
+                else:
+                    self._evict(job, f"its result was dropped unfetched to stay under --max-job-results-mb {self.max_result_bytes / 2**20:g}; "
+                                "fetch results sooner or raise the limit")
 
     def _drop(self, job_id: str) -> None:
         job = self._jobs.pop(job_id, None)

@@ -18,6 +18,7 @@ that context live on one replica.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -33,6 +34,17 @@ def _require_serve():
     except ImportError as e:  # pragma: no cover - installed with the ray extra
         raise InputError("--ray", "Ray Serve is not installed; pip install 'nvrm[ray]'") from e
     return ray, serve
+
+
+def _with_replica_id(config, serve):
+    """``config`` naming this Ray Serve replica (answered as ``replica_id`` on enqueue) unless ``--replica-id`` did."""
+    if config.replica_id is not None:
+        return config
+    try:
+        rid = serve.get_replica_context().replica_id.unique_id
+    except (AttributeError, RuntimeError):  # another Ray version's context: no identity to answer
+        return config
+    return dataclasses.replace(config, replica_id=f"nvrm-{rid}")
 
 
 def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_replica: float, cpus_per_replica: float):
@@ -60,7 +72,7 @@ def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_r
             return ref
 
         def __serve_build_asgi_app__(self):
-            app = create_app(self.model, config)
+            app = create_app(self.model, _with_replica_id(config, serve))
             replica = self
 
             @app.middleware("http")
@@ -91,6 +103,10 @@ def serve_on_ray(
     from ..bundle import resolve_bundle
 
     path = str(resolve_bundle(bundle, settings.revision))
+    if config.job_store != "memory":  # unreachable: one line naming the URL and exit 2, before any replica starts
+        from .redis_jobs import connect
+
+        connect(config.job_store).close()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     serve.start(http_options={"host": config.host, "port": config.port})

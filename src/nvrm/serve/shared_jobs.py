@@ -1,0 +1,343 @@
+"""Jobs every replica answers (``--job-store redis://HOST:PORT/DB``): the HTTP side and the queue worker.
+
+    submit / enqueue ─► admit (counted in Redis from now) ─► read and check the body (400 here, as in one process)
+                     ─► queue the body in Redis ─► {"id"} / {"uuid", "replica_id"}
+    every replica's worker ─► take a job (and the rest of its group) on a lease ─► parse, score here
+                     ─► keep the result (first one wins; a late duplicate is dropped and counted)
+    fetch / pull (any replica) ─► the result from Redis: the same JSON the in-memory store answers
+
+A replica that dies stops renewing its leases; its jobs go back to the queue and another replica scores
+them. Redis unreachable: 503 ``job_store_unavailable`` with ``Retry-After`` (full: ``job_store_full``), and
+the next request after it comes back works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from prometheus_client import Counter
+
+from ..errors import InputError, RequestError, Unavailable
+from ..protocol import ErrorCode, error_body
+from ..results import one_line
+from .contexts import ContextStore
+from .cosmos import Rollouts, media_rules, parse_enqueue
+from .redis_jobs import RETRY_AFTER_S, RedisJobStore, Taken
+from .requests import parse_work
+from .serving import Reply
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+"""How often an idle worker looks at the queue again."""
+
+
+def rollouts_json(r: Rollouts) -> dict[str, Any]:
+    """A cosmos-rl job's outcome as the JSON kept in Redis."""
+    return {"rewards": r.rewards, "errors": {str(k): v for k, v in r.errors.items()}, "info": r.info,
+            "seconds": r.seconds, "decode_seconds": r.decode_seconds}
+
+
+def rollouts_of(d: dict[str, Any]) -> Rollouts:
+    """The ``Rollouts`` that ``rollouts_json`` wrote."""
+    return Rollouts(d["rewards"], {int(k): v for k, v in d["errors"].items()}, d["info"], d["seconds"], d["decode_seconds"])
+
+
+def v1_json(reply: Reply) -> dict[str, Any]:
+    """A ``/v1/jobs`` job's answer (without its id) as kept in Redis: what ``GET /v1/jobs/{id}`` sends."""
+    if reply.status == 200:
+        return {"status": "done", **reply.body}
+    return {"status": "failed", "error": reply.body.get("error")}
+
+
+class _InlineContexts:
+    """``serving`` as a submit parses a job with: a context named by ref is refused (409 ``context_unknown``; nvrm's
+    client then sends it inline), because whichever replica takes the job may not hold it. The queued body is whole."""
+
+    def __init__(self, serving):
+        self._serving = serving
+        self.store = ContextStore(0, lambda hit: None)
+
+    def __getattr__(self, name: str):
+        return getattr(self._serving, name)
+
+
+class SharedJobs:
+    """``JobService``'s submit, fetch, pull and ping over the Redis store, and this replica's queue worker."""
+
+    def __init__(self, service):
+        self.service, self.serving = service, service.serving
+        c = self.serving.config
+        self.store = RedisJobStore(c.job_store, c.job_namespace, max_jobs=c.max_jobs, ttl_s=c.job_ttl_s,
+                                   max_result_bytes=int(c.max_job_results_mb * 2**20), lease_s=c.job_lease_s,
+                                   admit_grace_s=c.body_timeout_s + 60)
+        r = self.serving.metrics.registry
+        self.duplicates = Counter("nvrm_job_duplicate_results", "Job results dropped: another replica had finished the job first",
+                                  registry=r)
+        self.taken = Counter("nvrm_jobs_taken", "Jobs this replica took from the shared queue (retried ones included)", registry=r)
+        self.name = c.replica_id or self.serving.replica
+        self.worker: QueueWorker | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start_worker(self) -> None:
+        """Start taking jobs from the shared queue (once the model is installed)."""
+        if self.worker is None:
+            self.worker = QueueWorker(self)
+            self.worker.start()
+
+    def cancel_all(self) -> None:
+        """Stop the worker (jobs it still holds go back to the queue when their leases expire)."""
+        if self.worker is not None:
+            self.worker.stop()
+
+    def bind(self) -> None:
+        """Key the store by the loaded model's revision."""
+        m = self.serving.model
+        self.store.bind(str(getattr(m, "revision", None) or "unversioned"))
+
+    async def call(self, fn, *args):
+        """``fn(*args)`` on the store, off the event loop."""
+        self.bind()
+        return await asyncio.to_thread(fn, *args)
+
+    def down(self, e: Unavailable) -> Reply:
+        """The 503 a store failure is answered with."""
+        self.serving.metrics.rejected.labels(reason=e.code).inc()
+        return Reply.error(ErrorCode(e.code), str(e), {"Retry-After": str(RETRY_AFTER_S)})
+
+    # ------------------------------------------------------------ submitting
+
+    async def _submit(self, what: str, body, check) -> Reply:
+        """Admit one job, read its body, ``check(raw, reserved, job_id)`` it (which queues it) and answer."""
+        if (busy := self.serving.not_ready()) is not None:
+            return busy
+        job_id = uuid.uuid4().hex
+        try:
+            why = await self.call(self.store.admit, job_id)
+        except Unavailable as e:
+            return self.down(e)
+        if why is not None:
+            self.serving.metrics.rejected.labels(reason="jobs_full").inc()
+            return Reply.error(ErrorCode.OVERLOADED, why, {"Retry-After": "1"})
+        reply = None
+        try:
+            reply = await self.serving.with_body(body, what, lambda raw, reserved: check(raw, reserved, job_id))
+            return reply
+        finally:
+            if reply is None or reply.status != 200:
+                with contextlib.suppress(Unavailable):
+                    await self.call(self.store.release, job_id)
+
+    async def _queue(self, job_id: str, kind: str, group: str, extra: dict, raw: bytes, content_type: str, need: int,
+                     answer: dict) -> Reply:
+        budget = self.serving.budget
+        if need > budget.max_bytes:
+            return Reply.error(ErrorCode.TOO_LARGE, f"job: it needs up to {need} bytes, more than --max-inflight-mb allows "
+                               f"({budget.max_bytes})")
+        try:
+            if not await self.call(self.store.enqueue, job_id, kind, group, extra, raw, content_type):
+                raise Unavailable("job store", f"the admission of job {job_id} was lost (Redis restarted?); submit it again", 503,
+                                  "job_store_unavailable")
+        except Unavailable as e:
+            return self.down(e)
+        return Reply(200, answer)
+
+    async def submit(self, kind: str, body) -> Reply:
+        """``POST /v1/jobs/score`` (``score_group``): checked here, queued for any replica."""
+
+        async def check(raw: bytes, reserved: int, job_id: str) -> Reply:
+            work = await asyncio.to_thread(parse_work, _InlineContexts(self.serving), raw, body.content_type, kind)
+            return await self._queue(job_id, f"v1:{kind}", "", {}, raw, body.content_type, reserved + work.prepared_bytes,
+                                     {"id": job_id, "status": "pending"})
+
+        return await self._submit("job body", body, check)
+
+    async def enqueue(self, body) -> Reply:
+        """``POST /api/reward/enqueue``: checked here (nothing decoded), queued; one prompt's rollouts are taken together."""
+        svc = self.service
+
+        async def check(raw: bytes, reserved: int, job_id: str) -> Reply:
+            req = await asyncio.to_thread(parse_enqueue, raw, self.serving.model.limits, has_decoder=svc.decoder is not None, rules=media_rules(self.serving.config, self.serving.model.contract, svc.decoder))
+            group = "c" + hashlib.sha256(json.dumps([req.prompts, req.fps]).encode()).hexdigest()[:24]
+            need = reserved + req.decoded_bytes() + svc._frames_bound(req)
+            return await self._queue(job_id, "cosmos", group, {"prompts": req.batch}, raw, body.content_type, need,
+                                     {"uuid": job_id, **svc.replica_answer()})
+
+        return await self._submit("enqueue body", body, check)
+
+    # ------------------------------------------------------------ answering
+
+    async def _job(self, job_id: str, kind: str, what: str) -> "dict | Reply":
+        try:
+            job = await self.call(self.store.get, job_id)
+        except Unavailable as e:
+            return self.down(e)
+        if job is None or not job.get("kind", "").startswith(kind):
+            return Reply.error(ErrorCode.JOB_UNKNOWN, f"{what} {job_id[:40]} is not held by this service (unknown, or its result "
+                               "expired after --job-ttl-s)")
+        if job.get("evicted"):
+            return Reply.error(ErrorCode.TOO_LARGE, f"{what} {job_id}: {job['evicted']}", status=507)
+        return job
+
+    async def fetch(self, job_id: str) -> Reply:
+        """``GET /v1/jobs/{id}``, from any replica."""
+        job = await self._job(job_id, "v1", "job")
+        if isinstance(job, Reply):
+            return job
+        if job["state"] != "done":
+            return Reply(202, {"id": job_id, "status": "pending"}, {"Retry-After": "1"})
+        await asyncio.to_thread(self.store.mark_fetched, job_id)
+        return Reply(200, {"id": job_id, **job["result"]})
+
+    async def pull(self, job_id: str, kind: str) -> Reply:
+        """``POST /api/reward/pull``, from any replica (with or without cosmos-rl's pinning header)."""
+        job = await self._job(job_id, "cosmos", "uuid")
+        if isinstance(job, Reply):
+            return job
+        if kind and kind not in ("nvrm",):
+            return Reply.error(ErrorCode.BAD_REQUEST, f"type {kind!r} was not computed; this server computes 'nvrm' "
+                               "(set the reward_fn name to nvrm)")
+        if job["state"] != "done":
+            return Reply.error(ErrorCode.NOT_READY, "the rewards are not ready yet; pull again", {"Retry-After": "1"}, status=425)
+        await asyncio.to_thread(self.store.mark_fetched, job_id)
+        return Reply(200, rollouts_of(job["result"]).answer(kind or "nvrm", self.serving.config.cosmos_fallback_score))
+
+    async def ping(self) -> Reply:
+        """cosmos-rl's ping, with the shared store's counts."""
+        try:
+            held, pending, queued = await self.call(self.store.stats) if self.serving.model is not None else (0, 0, 0)
+        except Unavailable as e:
+            return self.down(e)
+        return Reply(200, {"status": "ok", "ready": self.serving.model is not None, "jobs": held, "pending": pending, "queued": queued,
+                           "replica": self.name})
+
+    # ------------------------------------------------------------ scoring a taken job
+
+    async def execute(self, job: Taken) -> dict[str, Any]:
+        """Score a job taken from the queue, here: the JSON its fetch or pull answers (a failure included)."""
+        try:
+            if job.kind == "cosmos":
+                return await self._rollouts(job)
+            return await self._v1(job)
+        except Exception as e:  # noqa: BLE001 - a job always ends with a result
+            code = e.code if isinstance(e, (RequestError, Unavailable)) else ("bad_request" if isinstance(e, InputError) else "internal")
+            if not isinstance(e, (InputError, Unavailable)):
+                log.exception("job %s failed", job.id)
+            if job.kind == "cosmos":
+                n = int(job.extra.get("prompts", 1))
+                return rollouts_json(Rollouts([None] * n, {i: one_line(e) for i in range(n)}))
+            return {"status": "failed", **error_body(code, one_line(e))}
+
+    @contextlib.asynccontextmanager
+    async def _reserved(self, need: int):
+        budget = self.serving.budget
+        if need > budget.max_bytes:
+            raise RequestError("job", f"it needs up to {need} bytes, more than --max-inflight-mb allows on this replica "
+                               f"({budget.max_bytes})", 413, "too_large")
+        while not budget.try_reserve(need):  # this replica is busy: the job waits here, its lease renewed
+            await asyncio.sleep(POLL_S)
+        try:
+            yield
+        finally:
+            budget.release(need)
+
+    async def _rollouts(self, job: Taken) -> dict[str, Any]:
+        svc, started = self.service, time.perf_counter()
+        req = await asyncio.to_thread(parse_enqueue, job.body, self.serving.model.limits, has_decoder=svc.decoder is not None, rules=media_rules(self.serving.config, self.serving.model.contract, svc.decoder))
+        async with self._reserved(len(job.body) + req.decoded_bytes() + svc._frames_bound(req)):
+            return rollouts_json(await svc._score_rollouts(req, started))
+
+    async def _v1(self, job: Taken) -> dict[str, Any]:
+        svc = self.service
+        work = await asyncio.to_thread(parse_work, self.serving, job.body, job.content_type, job.kind.partition(":")[2])
+        async with self._reserved(len(job.body) + work.prepared_bytes):
+            results = await svc._admitted_results(work)
+        return v1_json(results if isinstance(results, Reply) else svc._answer(results))
+
+
+class QueueWorker:
+    """A thread with its own event loop: takes jobs from the shared queue, scores them, renews their leases."""
+
+    def __init__(self, shared: SharedJobs):
+        self.shared, self.store = shared, shared.store
+        self.stopping = threading.Event()
+        self.active: dict[str, asyncio.Task] = {}
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="nvrm-job-worker", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self.thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop taking jobs; wait up to ``timeout`` s for the thread."""
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    async def _loop(self) -> None:
+        serving = self.shared.serving
+        while serving.scheduler is None and not self.stopping.is_set():
+            await asyncio.sleep(0.1)
+        renew = asyncio.create_task(self._renew())
+        room = serving.config.job_workers
+        down_since = None
+        while not self.stopping.is_set():
+            free = room - len(self.active)
+            if free <= 0 or serving.scheduler.draining:  # type: ignore[union-attr]
+                await asyncio.sleep(POLL_S)
+                continue
+            try:
+                taken = await self.shared.call(self.store.take, self.shared.name, free)
+                down_since = None
+            except Unavailable as e:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("job worker: %s", e)
+                await asyncio.sleep(1.0)
+                continue
+            except Exception:  # noqa: BLE001 - the worker outlives any one failure
+                log.exception("job worker: taking jobs failed")
+                await asyncio.sleep(1.0)
+                continue
+            for job in taken:
+                self.shared.taken.inc()
+                task = asyncio.create_task(self._run(job))
+                self.active[job.id] = task
+                task.add_done_callback(lambda _t, i=job.id: self.active.pop(i, None))
+            if not taken:
+                await asyncio.sleep(POLL_S)
+        renew.cancel()
+
+    async def _renew(self) -> None:
+        every = self.store.lease_s / 3
+        while True:
+            await asyncio.sleep(every)
+            with contextlib.suppress(Unavailable):
+                await self.shared.call(self.store.renew, list(self.active))
+
+    async def _run(self, job: Taken) -> None:
+        result = await self.shared.execute(job)
+        deadline = time.monotonic() + max(60.0, 2 * self.store.lease_s)
+        while True:  # keep it, across a Redis outage
+            try:
+                kept = await self.shared.call(self.store.finish, job.id, result)
+                break
+            except Unavailable:
+                if self.stopping.is_set() or time.monotonic() > deadline:
+                    log.warning("job %s: its result could not be kept (Redis unavailable); it is scored again once its lease "
+                                "expires", job.id)
+                    return
+                await asyncio.sleep(1.0)
+        if kept == 0:
+            self.shared.duplicates.inc()
+        elif kept < 0:
+            log.warning("job %s finished after it was dropped from the store (expired, or Redis restarted); result discarded", job.id)
