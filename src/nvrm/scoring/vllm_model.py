@@ -1,0 +1,255 @@
+"""``RewardModel.from_pretrained(DIR, backend="vllm")``: nvrm's contract in front, vLLM's pooling runner behind.
+
+nvrm does everything the contract says (sampling, the resize, the JPEG q85 round trip, the chat layout with the
+generation prompt, the pixel bounds) with its own engine; vLLM (``nvrm.forward.vllm_backend``) receives those
+frames and that text and returns the head's logit. A group goes to vLLM as one group, so prefix caching shares
+its context. Results are ``VllmScoreResult``: ``backend == "vllm"``, never exact (``exact=True`` is refused),
+and there are no gradients (``differentiable()`` is refused: the differentiable reward runs on nvrm's engine).
+
+``DIR`` is an ``nvrm export --vllm`` folder, or a bundle, exported on the fly into
+``$NVRM_CACHE_DIR/vllm-exports/<source manifest sha256>`` (default ``~/.cache/nvrm``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from ..bundle.vllm_export import export_vllm, is_export, read_export_manifest, verify_export
+from ..contract import Contract
+from ..engine import Engine
+from ..engine.chat import build_messages, check_prompt, images_kwargs, render
+from ..errors import BackendError, InternalError, NvrmError
+from ..forward.vllm_backend import HttpVllm, InProcessVllm, VllmRequest, check_head_dim, import_vllm, vllm_is_cpu
+from ..results import ScoreResult
+from ..settings import LoadSettings
+from .items import Errors, GroupLike, ItemLike, as_group, as_item
+from .loading import head_dtype_for
+from .streaming import ResultMaker
+
+NOT_EXACT = "exact=True: the vLLM backend is never exact (its kernels are not nvrm's); score exactly with backend='nvrm'"
+
+
+@dataclass(frozen=True)
+class VllmScoreResult(ScoreResult):
+    """A ``ScoreResult`` computed by vLLM: ``backend`` says so, and it is never exact."""
+
+    backend: str = "vllm"
+    exact: bool = False
+
+
+def cache_root() -> Path:
+    """Where on-the-fly exports go: ``vllm-exports`` in nvrm's cache (``$NVRM_CACHE_DIR``, default ``~/.cache/nvrm``)."""
+    from ..bundle import cache_dir
+
+    return cache_dir() / "vllm-exports"
+
+
+def resolve_export(path: str | os.PathLike, verify: bool) -> Path:
+    """An export folder for ``path``: itself when it is one (checked when ``verify``), else its export in the cache."""
+    from ..bundle import read_integrity_manifest, resolve_bundle, sha256_file
+
+    path = Path(path)
+    if is_export(path):
+        if verify:
+            source = Path(str(read_export_manifest(path)["source"].get("path") or ""))
+            if source.is_dir():
+                verify_export(path, source)
+        return path
+    bundle = resolve_bundle(path, None)
+    manifest = read_integrity_manifest(bundle)
+    if manifest is None:
+        raise BackendError(f"{bundle}: backend='vllm' exports the bundle first and needs its manifest; run nvrm export --vllm yourself")
+    out = cache_root() / sha256_file(bundle / manifest.name)[:32]
+    if not is_export(out):
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        export_vllm(bundle, tmp, overwrite=True)
+        if not out.exists():
+            tmp.replace(out)
+        else:  # another process finished the same export first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_model_config(export: Path):
+    """The export's ``Qwen3VLConfig`` (``read_config`` accepts only the release's architectures; an export names the classifier)."""
+    import json
+
+    from transformers import Qwen3VLConfig
+
+    from ..bundle.vllm_export import EXPORT_ARCHITECTURE
+
+    raw = json.loads((export / "config.json").read_text(encoding="utf-8"))
+    if raw.get("model_type") != "qwen3_vl" or raw.get("architectures") != [EXPORT_ARCHITECTURE]:
+        raise BackendError(f"{export}/config.json: not an nvrm export "
+                           f"(needs model_type 'qwen3_vl' and architectures [{EXPORT_ARCHITECTURE!r}])")
+    return Qwen3VLConfig.from_pretrained(str(export))
+
+
+def export_engine(export: Path, config, settings: LoadSettings) -> Engine:
+    """nvrm's preprocessing engine over the export's processor, contract and positions (the same files as its source)."""
+    from ..bundle import load_processor
+    from ..engine import RopeSpec
+
+    return Engine(load_processor(export), Contract.for_bundle(export), RopeSpec.from_config(config), workers=settings.workers,
+                  kind=settings.worker_kind, limits=settings.limits)  # type: ignore[arg-type]
+
+
+class VllmRewardModel:
+    """The scoring API of ``RewardModel`` (score, score_batch, score_group, score_groups) over vLLM."""
+
+    backend = "vllm"
+
+    def __init__(self, export: Path, engine: Engine, forward, settings: LoadSettings, revision: str | None):
+        from ..bundle import preprocessing_fingerprint
+
+        self.path, self.engine, self.forward, self.settings, self.revision = export, engine, forward, settings, revision
+        self.contract: Contract = engine.contract
+        self.processor = engine.processor
+        self.fingerprint = preprocessing_fingerprint(export, self.contract)
+        self.results = ResultMaker(self.fingerprint, revision, self.contract)
+
+    @classmethod
+    def load(cls, path_or_repo, settings: LoadSettings, contract: Contract | None = None, *, options: dict | None = None,
+             url: str | None = None, forward=None) -> "VllmRewardModel":
+        """Prepare the export and nvrm's engine, check what vLLM cannot run, start vLLM in this process or reach the
+        server at ``url`` (a ``forward`` object replaces both in tests)."""
+        if settings.exact:
+            raise BackendError(NOT_EXACT)
+        if contract is not None:
+            raise BackendError("contract=: the vLLM backend scores the export's own contract (nvrm_contract.json)")
+        on_cpu = vllm_is_cpu(import_vllm()) if forward is None and url is None else False  # a missing vLLM is refused before any work
+        export = resolve_export(path_or_repo, settings.verify)
+        config = export_model_config(export)
+        if forward is None and url is None:
+            check_head_dim(config, on_cpu)
+        engine = export_engine(export, config, settings)
+        try:
+            c = engine.contract
+            if forward is None and url is not None:
+                forward = HttpVllm(url, export, bounds=images_kwargs(c), chat_kwargs={"enable_thinking": c.enable_thinking})
+            elif forward is None:
+                forward = InProcessVllm(export, dtype=settings.dtype, head_dtype=head_dtype_for(c, settings.dtype),
+                                        bounds=images_kwargs(c), max_images=(c.max_context_frames or 48) + c.candidate_frames,
+                                        options=options)
+        except BaseException:
+            engine.close()
+            raise
+        return cls(export, engine, forward, settings, read_export_manifest(export)["source"].get("revision"))
+
+    # ------------------------------------------------------------ what vLLM cannot do
+
+    def differentiable(self, **_: Any):
+        """Refused: the differentiable reward stays on nvrm's engine (``backend='nvrm'``)."""
+        raise BackendError("differentiable(): the vLLM backend has no gradients; "
+                           "the differentiable reward runs on nvrm's engine (backend='nvrm')")
+
+    @staticmethod
+    def _not_exact(exact: bool | None) -> None:
+        if exact:
+            raise BackendError(NOT_EXACT)
+
+    # ------------------------------------------------------------ scoring
+
+    def _result(self, context, candidate, score) -> "VllmScoreResult | NvrmError":
+        r = self.results(context, candidate, score.num_tokens, score.reward)
+        return r if isinstance(r, NvrmError) else VllmScoreResult(**{f.name: getattr(r, f.name) for f in fields(ScoreResult)})
+
+    def _group(self, prompt, context, candidates: Sequence[Any], errors: Errors) -> list[Any]:
+        """One group: context prepared once, candidates each (bad ones fail their slots), the good ones to vLLM together."""
+        check_prompt(self.processor, prompt, self.limits)
+        self.limits.check_group(len(candidates))
+        ctx = self.engine.prepare(context, "context")
+        futures = [self.engine.submit_video(c, "candidate") for c in candidates]
+        out: list[Any] = [None] * len(candidates)
+        good = []
+        for j, f in enumerate(futures):
+            try:
+                good.append((j, f.result()))
+            except NvrmError as e:
+                if errors == "raise":
+                    raise
+                out[j] = e
+        requests = [VllmRequest(render(self.processor, prompt, len(ctx.images), len(c.images), self.contract), (*ctx.images, *c.images),
+                                tuple(build_messages(prompt, len(ctx.images), len(c.images), self.contract))) for _, c in good]
+        try:
+            scores = self.forward.classify(requests)
+        except NvrmError as e:
+            if errors == "raise":
+                raise
+            scores = [e] * len(good)
+        for (j, cand), s in zip(good, scores):
+            out[j] = s if isinstance(s, NvrmError) else self._result(ctx, cand, s)
+        if errors == "raise":
+            first = next((r for r in out if isinstance(r, NvrmError)), None)
+            if first is not None:
+                raise first
+        return out
+
+    @property
+    def limits(self):
+        """The input limits (from the load settings)."""
+        return self.settings.limits
+
+    def score(self, prompt: str, context, candidate) -> VllmScoreResult:
+        """Reward for one (prompt, context, candidate), by vLLM."""
+        return self._group(prompt, context, [candidate], "raise")[0]
+
+    def score_group(self, prompt: str, context, candidates: Sequence[Any], *, errors: Errors = "raise",
+                    exact: bool | None = None) -> list[Any]:
+        """Rewards for G candidates sharing one prompt and context, sent to vLLM as one group (a bad context raises)."""
+        self._not_exact(exact)
+        return self._group(prompt, context, candidates, errors)
+
+    def score_groups(self, groups: Iterable[GroupLike], *, errors: Errors = "return", exact: bool | None = None,
+                     lookahead: int | None = None) -> Iterator[list[Any]]:
+        """One list of results per group, in order; with ``errors="return"`` a bad group fills its slots with its error."""
+        self._not_exact(exact)
+        for k, group in enumerate(groups):
+            try:
+                prompt, context, candidates = as_group(group, k)
+                yield self._group(prompt, context, candidates, errors)
+            except NvrmError as e:
+                if errors == "raise":
+                    raise
+                n = len(group[2]) if isinstance(group, (tuple, list)) and len(group) == 3 and isinstance(group[2], Sequence) else 1
+                yield [e] * max(1, n)
+
+    def score_batch(self, items: Iterable[ItemLike], *, errors: Errors = "raise", exact: bool | None = None) -> list[Any]:
+        """Rewards for independent items, one result (or, with ``errors="return"``, error) per item, in order."""
+        self._not_exact(exact)
+        out: list[Any] = []
+        for i, raw in enumerate(items):
+            try:
+                it = as_item(raw, i)
+                out.append(self._group(it.prompt, it.context, [it.candidate], "raise")[0])
+            except NvrmError as e:
+                if errors == "raise":
+                    raise
+                out.append(e)
+            except Exception as e:  # noqa: BLE001 - a bug must not pass as a result
+                if errors == "raise":
+                    raise
+                out.append(InternalError.wrap(e))
+        return out
+
+    def info(self) -> dict[str, Any]:
+        """What is loaded and how it runs."""
+        return {"path": str(self.path), "revision": self.revision, "backend": "vllm", "dtype": self.settings.dtype,
+                "contract": self.contract.fingerprint, "preprocessing": self.fingerprint, "exact": False}
+
+    def close(self) -> None:
+        """Stop nvrm's preprocessing workers and let vLLM go."""
+        self.engine.close()
+        close = getattr(self.forward, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "VllmRewardModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
