@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     specs = parse_model_specs(args.model)
     if args.ray and len(specs) > 1:
         raise ConfigError("--ray serves one model; several --model NAME=DIR run on one server (without --ray) for now")
+    if args.ray and config.watch:
+        raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own (not supported yet)")
     args.model = specs[0][1]
     if args.ray:
         from ..serve.ray_serve import serve_on_ray

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .calls import check_items, completion_as_path, off_contract, score_call, text_of
+from .pinning import distinct, revisions_of
 from .policy import FailurePolicy, Normalize, SignalMonitor, failure_kinds
 from .render import render_all, resolve, row_of
 from .scorer import RewardSource
@@ -54,6 +55,8 @@ def trl_reward(
         no_context: opt in to scoring rows without a context (the column absent or None) with no context
             frames (off-contract; see ``Contract``).
         name: the name TRL logs the reward under.
+        model=, revision= (URL mode): the served model's name, and the revision to pin (``nvrm.rl.pinning``). The
+            revision that scored each row is logged (``log_extra`` column ``NAME/revision``; ``NAME/revisions`` per step).
     """
     policy = FailurePolicy.parse(on_error, ("none", "group_mean", "nan", "raise"))
     hook = resolve(render)
@@ -82,6 +85,12 @@ def trl_reward(
                 log_metric(f"{name}/failed_{kind}", count)
             if short_candidates or no_context:
                 log_metric(f"{name}/off_contract_fraction", sum(bool(r) for r in off_contract(results)) / max(n, 1))
+        revisions = revisions_of(results)
+        live = distinct(revisions, name)
+        if callable(log_metric):
+            log_metric(f"{name}/revisions", len(live))
+        if callable(kwargs.get("log_extra")):
+            kwargs["log_extra"](f"{name}/revision", [r or "" for r in revisions])
         return rewards
 
     reward.__name__ = name

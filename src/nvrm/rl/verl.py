@@ -14,6 +14,7 @@ uses absolute imports only, and every setting arrives in the call:
           model: http://127.0.0.1:8000              # or a bundle path (in-process)
           render: my_project.render:render_video   # what the policy wrote -> the candidate video
           on_error: raise                          # or group_mean, or a number
+          # model_name: mine   revision: <sha256>  # URL mode: which served model, pinned (nvrm.rl.pinning)
 
 - ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **settings) -> dict``:
   per sample, for verl 0.9's reward loop (its managers: naive, dapo, gdpo, remote, rate_limited; it

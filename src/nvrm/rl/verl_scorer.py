@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError, RewardFnError
 from .calls import check_items, completion_as_path, off_contract, refuse_unknown, score_call
+from .pinning import distinct, revisions_of
 from .policy import FailurePolicy, SignalMonitor
 from .render import render_all, resolve, row_of
 from .scorer import RewardSource, registry
@@ -39,6 +40,8 @@ class VerlSettings:
     no_context: bool = False
     coalesce_ms: float = 20.0
     api_key: str | None = None
+    model_name: str | None = None
+    """The served model's name (``GET /v1/models``; URL mode); ``revision`` pins its revision (``nvrm.rl.pinning``)."""
     load: tuple = ()
 
     @classmethod
@@ -91,7 +94,7 @@ class VerlScorer:
         self.render = resolve(settings.render, "verl reward_kwargs render")
         if self.render is not None and settings.candidate_key is not None:
             raise ConfigError("verl reward_kwargs: render and candidate_key both given; the candidate comes from one of them")
-        load = dict(settings.load)
+        load = {**dict(settings.load), **({"model": settings.model_name} if settings.model_name is not None else {})}
         self.source = RewardSource(settings.model, api_key=settings.api_key, short_candidates=settings.short_candidates, no_context=settings.no_context, **load)
         self.monitor = SignalMonitor("nvrm verl reward", "Make the candidate from solution_str: reward_kwargs.render=module:function.")
         self.batcher = _Batcher(self._outcomes, settings.coalesce_ms / 1000.0)
@@ -119,9 +122,12 @@ class VerlScorer:
         if errors and self.policy.mode != "raise":
             rewards = self.policy.apply(rewards, groups, errors)
         flags = off_contract(results)
+        revisions = revisions_of(results)  # verl's reward_extra_info: which revision scored each sample
+        distinct(revisions, "nvrm verl reward")
         return [
             RewardFnError({i: errors[i]}, len(items)) if r is None
-            else {"score": float(r), "nvrm_ok": 0.0 if i in errors else 1.0, "nvrm_off_contract": 1.0 if flags[i] else 0.0}
+            else {"score": float(r), "nvrm_ok": 0.0 if i in errors else 1.0, "nvrm_off_contract": 1.0 if flags[i] else 0.0,
+                  "nvrm_revision": revisions[i] or ""}
             for i, r in enumerate(rewards)
         ]
 

@@ -35,6 +35,7 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
     named = model_or_loader if isinstance(model_or_loader, NamedModels) else None
     state = MultiServing(config, named.names if named else None, named.rest if named else None)
     jobs = JobService(state)
+    watcher = _watcher(state, config)
 
     def install(model) -> None:
         jobs.install_decoder(model.device)
@@ -58,7 +59,10 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
             threading.Thread(target=load, name="nvrm-load", daemon=True).start()
         elif state.model is None:
             install(model_or_loader)
+        polling = asyncio.create_task(watcher.run(), name="nvrm-watch") if watcher else None
         yield
+        if polling is not None:
+            polling.cancel()
         jobs.store.cancel_all()
         # uvicorn has already waited for in-flight requests (graceful shutdown); the drain a signal began
         # (nvrm.serve.launcher) is this same one: here it is begun if need be and waited for
@@ -95,3 +99,14 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _watcher(state: MultiServing, config: ServeConfig):
+    """The ``--watch`` poller (``model_watch.Watcher``), its names checked against the served ones; None without ``--watch``."""
+    if not config.watch:
+        return None
+    from .model_watch import Watcher, parse_watch_specs
+
+    watcher = Watcher(state, parse_watch_specs(config.watch), config.watch_interval_s)
+    watcher.check_names(state.names)
+    return watcher

@@ -14,6 +14,19 @@ MAX_MB = 1 << 24
 """Largest size flag accepted, in MiB (16 TiB): beyond it a number is a typo, not a budget."""
 
 
+def parse_watch_specs(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    """``--watch`` values -> ``[(name, dir)]``; each is ``NAME=DIR``, a name watched once."""
+    specs: list[tuple[str, str]] = []
+    for v in values:
+        name, sep, where = v.partition("=")
+        if not sep or not name or not where:
+            raise ConfigError(f"--watch {v!r}: give NAME=DIR (the served model's name, the folder nvrm train exports to)")
+        if any(name == n for n, _ in specs):
+            raise ConfigError(f"--watch {v!r}: the model {name!r} is watched twice; watch one folder per model")
+        specs.append((name, where))
+    return specs
+
+
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,10 @@ class ServeConfig:
     allow_contract_change: bool = field(default=False, metadata=_help("let a model swap load a bundle whose contract differs from the running model's"))
     admin_key: str | None = field(default=None, repr=False, metadata={"cli": False})
     """The admin key itself (read from ``admin_key_env`` by the CLI; never a flag)."""
+    watch: tuple[str, ...] = field(default=(), metadata=_help(
+        "NAME=DIR: swap model NAME when a new complete bundle lands in DIR (nvrm train's export; verified, warmed; repeatable)",
+        flag="--watch", repeat=True))
+    watch_interval_s: float = field(default=2.0, metadata=_help("how often --watch looks for a new bundle, in seconds"))
     record: str | None = field(default=None, metadata=_help(
         "folder to keep what is scored in (prompt, context, candidate frames, reward, revision, group; docs/record.md); off by default"))
     record_mb: float = field(default=10240.0, metadata=_help(
@@ -131,6 +148,7 @@ class ServeConfig:
             "context_frames": self.context_frames >= 0,
             "cosmos_fallback_score": True,
             "record_mb": self.record_mb > 0,
+            "watch_interval_s": self.watch_interval_s > 0,
             "record_rate": 0.0 <= self.record_rate <= 1.0,
             "port": 0 <= self.port <= 65535,
         }
@@ -142,6 +160,9 @@ class ServeConfig:
                 raise ConfigError(f"{name}={value!r} is more than {MAX_MB} MiB; give the memory this server may use")
         if self.job_store != "memory" and not self.job_store.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"--job-store {self.job_store!r}: use memory, or redis://HOST:PORT/DB for a store every replica shares")
+        if self.watch:
+            object.__setattr__(self, "watch", tuple(self.watch))
+            parse_watch_specs(self.watch)
         if self.cosmos_image_as not in ("refuse", "still"):
             raise ConfigError(f"--cosmos-image-as {self.cosmos_image_as!r}: use refuse, or still to score each image held still (flagged)")
         if not self.job_namespace or any(c in self.job_namespace for c in " :{}*?[]\\"):

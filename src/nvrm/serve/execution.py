@@ -7,6 +7,7 @@ Every item gets exactly one result: a failed shared forward or batch falls back 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future, InvalidStateError
@@ -19,6 +20,11 @@ from .contexts import PrefixCache
 from .metrics import Metrics
 
 log = logging.getLogger("nvrm.serve.scheduler")
+
+FORWARD_LOCK = threading.Lock()
+"""One forward pass at a time in the process, whichever model runs it: the models a service holds (several by
+name, or an old revision draining beside a new one during a swap) share one device and one CPU thread pool, and
+two forwards at once would split their reductions differently, so a reward would depend on what else ran."""
 
 
 def resolve(fut: Future, value: Any) -> None:
@@ -72,7 +78,8 @@ class Execution:
                 self.metrics.items.labels(outcome="error").inc()
         if not ok:
             return
-        results = self.model.score_prepared_each([s.item for s in ok], exact=exact)
+        with FORWARD_LOCK:
+            results = self.model.score_prepared_each([s.item for s in ok], exact=exact)
         self.metrics.forward.labels(kind="batch").observe(time.perf_counter() - t)
         self.metrics.batch_size.observe(len(ok))
         self.metrics.batch_tokens.observe(len(ok) * max(s.item.encoded.num_tokens for s in ok))
@@ -88,7 +95,8 @@ class Execution:
         prefix = self.prefixes.get(key)
         t = time.perf_counter()
         try:
-            results, used = self.model.score_prepared_group_reusing(group, prefix)
+            with FORWARD_LOCK:
+                results, used = self.model.score_prepared_group_reusing(group, prefix)
             self.prefixes.put(key, used)
         except Exception as e:  # noqa: BLE001
             log.warning("a shared-context group failed unexpectedly", exc_info=True)
@@ -106,7 +114,8 @@ class Execution:
     def run_group(self, g: Any) -> None:
         t = time.perf_counter()
         try:
-            out = self.model.score_prepared_group(g.prepared, exact=g.exact)
+            with FORWARD_LOCK:
+                out = self.model.score_prepared_group(g.prepared, exact=g.exact)
         except Exception as e:  # noqa: BLE001
             log.warning("a group failed unexpectedly", exc_info=True)
             out = [unexpected(e)] * g.size

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 
 from ..errors import NvrmError, RequestError
 from ..protocol import ErrorCode
+from .execution import FORWARD_LOCK
 from .models import MultiServing
 from .serving import Reply
 
@@ -68,7 +69,8 @@ def warm_up(model) -> None:
     c = model.contract
     n = max(2, math.ceil(c.candidate_seconds * c.sample_fps) + 1)
     context = None if c.no_context else Clip(moving_square(2, 64, 32, seed=1), fps=c.sample_fps)
-    model.score("warm-up", context, Clip(moving_square(n, 64, 32, seed=2), fps=c.sample_fps))
+    with FORWARD_LOCK:  # never beside a served forward (execution.FORWARD_LOCK says why)
+        model.score("warm-up", context, Clip(moving_square(n, 64, 32, seed=2), fps=c.sample_fps))
 
 
 def default_loader(serving: MultiServing, name: str) -> Callable[[str], Any]:

@@ -112,15 +112,15 @@ class Entry:
         self.inflight = 0
         self.retired = False
         self.memory = model_bytes(model)
+        self.fingerprint, self.path = model.fingerprint, getattr(model, "path", None)  # still listed once the model is freed
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/models`` lists of it."""
-        m = self.model
         return {
-            "name": self.name, "revision": self.revision, "contract": m.fingerprint,
+            "name": self.name, "revision": self.revision, "contract": self.fingerprint,
             "state": ("draining" if self.inflight else "freeing") if self.retired else "serving",
             "memory_bytes": self.memory, "in_flight": self.inflight,
-            "path": str(m.path) if getattr(m, "path", None) else None,
+            "path": str(self.path) if self.path else None,
         }
 
     def free(self, drain_s: float) -> None:

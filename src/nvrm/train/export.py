@@ -71,9 +71,14 @@ def export_bundle(
             "Load it with `nvrm.RewardModel.from_pretrained(path)`.\n"
         )
         write_manifest(tmp, revision=revision)
-        if out.exists():
-            shutil.rmtree(out)
+        # a reader (nvrm serve --watch) sees the old bundle or the new one, whole: the old one is
+        # renamed aside, not deleted in place, and the new one renamed in
+        aside = out.parent / f".{out.name}.old-{tmp.name}" if out.exists() else None
+        if aside is not None:
+            os.replace(out, aside)
         os.replace(tmp, out)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,0 +1,110 @@
+"""``nvrm serve --watch NAME=DIR``: swap model NAME when a new export lands in DIR.
+
+    every --watch-interval-s: DIR's bundle (DIR itself, or its newest visible sub-folder with a manifest)
+        ─► a manifest whose sha256 differs from the served revision? ─► ``model_swap.swap`` (the PUT path:
+        verify, load beside, same contract, warm up, switch atomically)
+
+``nvrm train`` exports into a hidden temporary folder and renames it into place, so a folder that is
+half written has no manifest under DIR's visible names and is never picked. A bundle that fails (its
+verification, its contract, its warm-up) is logged once and not loaded; what is served stays. It is
+tried again only once its files change (a copy that was still running when it was first seen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..bundle import MANIFEST_NAMES
+from ..errors import ConfigError
+from ..protocol import ErrorCode
+from .config import parse_watch_specs  # noqa: F401  (the --watch values, parsed where they are validated)
+
+log = logging.getLogger(__name__)
+
+
+def _has_manifest(folder: Path) -> bool:
+    return any((folder / m).is_file() for m in MANIFEST_NAMES)
+
+
+def bundle_in(folder: str | Path) -> Path | None:
+    """The bundle ``folder`` holds now: itself if it has a manifest, else its newest sub-folder with one
+    (hidden names, such as an export's temporary folder, are skipped); None when there is none yet."""
+    folder = Path(folder)
+    if _has_manifest(folder):
+        return folder
+    try:
+        subs = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and _has_manifest(p)]
+    except OSError:  # not there yet (nvrm train has not exported), or being replaced
+        return None
+    return max(subs, key=_landed, default=None)
+
+
+def _landed(folder: Path) -> int:
+    """When a folder last changed or was renamed into place (a copy keeps its source's mtime; a rename sets ctime)."""
+    s = folder.stat()
+    return max(s.st_mtime_ns, s.st_ctime_ns)
+
+
+def files_state(folder: Path) -> tuple:
+    """What changes when a bundle's files do: (name, size, mtime) of each file in it."""
+    try:
+        return tuple(sorted((p.name, s.st_size, s.st_mtime_ns) for p in folder.iterdir() if p.is_file() for s in (p.stat(),)))
+    except OSError:
+        return ()
+
+
+class Watcher:
+    """Polls each watched folder and swaps its model to a new complete bundle found there."""
+
+    def __init__(self, serving: Any, specs: list[tuple[str, str]], interval_s: float):
+        self.serving, self.specs, self.interval_s = serving, specs, interval_s
+        self.refused: dict[str, tuple] = {}
+        """name -> (revision, files) of the bundle last refused (logged once; tried again when its files change)"""
+
+    def check_names(self, names: list[str]) -> None:
+        """``ConfigError`` naming the served models if a watched name is not one of them."""
+        for name, where in self.specs:
+            if name not in names:
+                raise ConfigError(f"--watch {name}={where}: {name!r} is not a served model; the models are: {', '.join(names)}")
+
+    async def run(self) -> None:
+        """Poll until cancelled (the server's lifespan owns this task)."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 — a watcher's failure never takes down the service
+                log.exception("--watch: polling failed; trying again in %.1f s", self.interval_s)
+
+    async def poll(self) -> list[str]:
+        """One look at every watched folder; returns the names swapped."""
+        from .model_swap import swap
+        from .models import manifest_sha256
+
+        swapped: list[str] = []
+        if self.serving.not_ready() is not None:
+            return swapped
+        for name, where in self.specs:
+            bundle = bundle_in(where)
+            revision = manifest_sha256(bundle) if bundle is not None else None
+            if revision is None or revision == self.serving.registry.current(name).revision:
+                continue
+            state = (revision, files_state(bundle))
+            if self.refused.get(name) == state:
+                continue
+            reply = await swap(self.serving, name, str(bundle))
+            if reply.status == 200:
+                self.refused.pop(name, None)
+                swapped.append(name)
+                log.info("--watch: model %s now serves %s (revision %s)", name, bundle, reply.body.get("revision"))
+            elif reply.body.get("error", {}).get("code") != ErrorCode.SWAP_IN_PROGRESS:  # busy: the next poll tries again
+                self.refused[name] = state
+                message = reply.body.get("error", {}).get("message", f"status {reply.status}")
+                log.error("--watch: model %s: %s not loaded (%s); still serving revision %s",
+                          name, bundle, message, self.serving.registry.current(name).revision)
+        return swapped
