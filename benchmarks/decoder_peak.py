@@ -49,8 +49,8 @@ def _child(folder: str, shape: tuple[int, int, int]) -> dict:
     before = _status()["VmRSS"]
     frames, seconds = dec.decode(z)
     peak = _status()["VmHWM"] - before
-    return {"shape": [1, 16, t, h, w], "frames": list(frames.shape), "peak_bytes": peak, "reserved_bytes": dec.peak_bytes(z.shape) if hasattr(dec, "peak_bytes") else None,
-            "seconds": round(seconds, 2)}
+    return {"shape": [1, 16, t, h, w], "frames": list(frames.shape), "peak_bytes": peak,
+            "reserved_bytes": dec.peak_bytes(z.shape) if hasattr(dec, "peak_bytes") else None, "seconds": round(seconds, 2)}
 
 
 def main(argv: list[str] | None = None) -> None:

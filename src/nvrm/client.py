@@ -146,7 +146,8 @@ class RewardClient:
         rows = []
         for i, it in enumerate(items):
             prompt, context, candidate = (it["prompt"], it["context"], it["candidate"]) if isinstance(it, dict) else it
-            rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context", "context"), "candidate": body.video(candidate, f"item {i} candidate")})
+            rows.append({"prompt": prompt, "context": body.video(context, f"item {i} context", "context"),
+                         "candidate": body.video(candidate, f"item {i} candidate")})
         return body, {"items": rows, "exact": exact, **self._target}
 
     def _group(self, prompt: str, context: Any, candidates: Sequence[Any], exact: bool, inline: bool = False) -> tuple[RequestBody, dict[str, Any]]:
@@ -187,7 +188,8 @@ class RewardClient:
                     raise err
                 out.append(err)
             else:
-                out.append(ScoreResult(r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract, response.model.revision, tuple(r.off_contract)))
+                out.append(ScoreResult(r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract,
+                                       response.model.revision, tuple(r.off_contract)))
         return out
 
     # ------------------------------------------------------------ API
@@ -231,7 +233,8 @@ class RewardClient:
 
     async def ascore_group(self, prompt: str, context: Any, candidates: Sequence[Any], *, errors: Errors = "raise", exact: bool = False):
         """``score_group``, asynchronously."""
-        return self._results(await self._apost("/v1/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline)), errors, len(candidates))
+        return self._results(await self._apost("/v1/score_group", lambda inline: self._group(prompt, context, candidates, exact, inline)),
+                             errors, len(candidates))
 
     def submit(self, items: Sequence[Any], *, errors: Errors = "return", exact: bool = False) -> RemoteJob:
         """``score_batch`` as a job: returns at once with a handle whose ``result()`` (or ``await aresult()``)

@@ -142,7 +142,8 @@ def test_rank_html_report_renders_in_headless_chromium(model, tiny_bundle, clips
         pytest.fail("Debian's chromium is not installed; `make test` installs it (apt-get install chromium)")
     html = tmp_path / "report.html"
     cands = [str(clips["cand_a"]), str(clips["cand_b"]), str(clips["context"])]
-    rc = main(["rank", "--model", str(tiny_bundle), "--prompt", "a <b>bold</b> prompt", "--context", str(clips["context"]), *cands, "--html", str(html), "--json"])
+    rc = main(["rank", "--model", str(tiny_bundle), "--prompt", "a <b>bold</b> prompt", "--context", str(clips["context"]), *cands,
+               "--html", str(html), "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     want = [r.reward for r in model.score_group("a <b>bold</b> prompt", clips["context"], cands)]

@@ -15,7 +15,8 @@ NVRM = Path(sys.executable).parent / "nvrm"
 
 
 def test_score_json(tiny_bundle, clips, capsys, model):
-    rc = main(["score", "--model", str(tiny_bundle), "--prompt", "Ein Hund läuft", "--context", str(clips["context"]), "--candidate", str(clips["cand_a"]), "--json"])
+    rc = main(["score", "--model", str(tiny_bundle), "--prompt", "Ein Hund läuft", "--context", str(clips["context"]),
+               "--candidate", str(clips["cand_a"]), "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["reward"] == model.score("Ein Hund läuft", clips["context"], clips["cand_a"]).reward
@@ -38,7 +39,7 @@ def test_bad_input_is_one_line_no_traceback(tiny_bundle, clips, tmp_path, which,
         timeout=300,
     )
     assert proc.returncode == 2
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"nvrm: error: candidate {bad}") and needle in lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""

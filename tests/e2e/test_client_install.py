@@ -72,7 +72,9 @@ def test_url_mode_adapter_in_the_trainer_env_scores_like_the_model(trainer_env, 
     np.save(tmp_path / "videos.npy", videos)
     server = Server(tiny_bundle, "--allow-dir", clips["context"].parent)
     try:
-        out = json.loads(run([str(trainer_env), "-c", SCRIPT, server.url, str(clips["context"]), str(tmp_path / "videos.npy")], timeout=300).strip().splitlines()[-1])
+        out = json.loads(
+            run([str(trainer_env), "-c", SCRIPT, server.url, str(clips["context"]), str(tmp_path / "videos.npy")], timeout=300).strip().splitlines()[-1]
+        )
     finally:
         server.stop()
     assert out["torch"].startswith("2.13.0") and out["transformers"] == "5.18.0" and out["heavy"] == []

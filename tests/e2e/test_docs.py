@@ -101,7 +101,9 @@ def sandbox(tmp_path_factory, tiny_bundle, clips):
     rows = [{"id": "g", "prompt": "A person walks.", "context": "context.mp4", "candidates": ["candidate.mp4", "candidate_b.mp4"]},
             {"id": "s", "prompt": "A person walks.", "context": "context.mp4", "candidate": "candidate_b.mp4"}]
     (d / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "pairs.jsonl").write_text(json.dumps({"prompt": "A person walks.", "context": "context.mp4", "chosen": "candidate.mp4", "rejected": "candidate_b.mp4"}) + "\n")
+    (d / "pairs.jsonl").write_text(
+        json.dumps({"prompt": "A person walks.", "context": "context.mp4", "chosen": "candidate.mp4", "rejected": "candidate_b.mp4"}) + "\n"
+    )
     return d
 
 

@@ -136,7 +136,9 @@ def test_api_routes_need_the_token_and_memory_admission_counts_decoded_frames(mo
 
     torch.manual_seed(0)
     vae = tmp_path / "vae"
-    AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[], temperal_downsample=[False, True, True]).save_pretrained(str(vae))
+    AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[], temperal_downsample=[False, True, True]
+    ).save_pretrained(str(vae))
     with InProcessServer(model, api_key="k", latent_decoder=str(vae), max_inflight_mb=128) as s:
         body = enqueue_body({"prompts": ["p"]}, np.zeros((1, 16, 24, 8, 12), np.float32))
         assert s.post("/api/reward/enqueue", content=body).status_code == 401

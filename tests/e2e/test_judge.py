@@ -80,7 +80,8 @@ def test_pairs_uncertain_are_the_closest_rewards_of_the_group_path(rollouts, tmp
     assert len(chosen) == 2
     with RewardModel.from_pretrained(tiny_bundle) as model:
         for r, pair in zip(range(2), chosen):
-            rewards = [x.reward for x in model.score_group(f"a square moves, take {r}", rollouts / f"ctx{r}.mp4", [rollouts / f"r{r}c{c}.mp4" for c in range(3)])]
+            rewards = [x.reward for x in model.score_group(f"a square moves, take {r}", rollouts / f"ctx{r}.mp4",
+                                                           [rollouts / f"r{r}c{c}.mp4" for c in range(3)])]
             gaps = {(i, j): abs(rewards[i] - rewards[j]) for i, j in ((0, 1), (0, 2), (1, 2))}
             i, j = min(gaps, key=lambda k: (gaps[k], k))
             assert pair["pair_id"] == f"r{r}:{i}-{j}" and pair["rewards"] == [rewards[i], rewards[j]]
@@ -171,7 +172,8 @@ def test_a_reward_model_judges_through_the_same_format_and_agrees_with_itself(se
     assert len(read_rows(kept)) + reasons.count("cycle") + reasons.count("judges_disagree") >= 1
     assert main(["prefs", "filter", "--input", str(out), "--output", str(kept), "--removed", str(removed), "--require-judges", "2"]) == 0
     both = {pid for pid in {r["pair_id"] for r in rows}
-            if all(any(x["pair_id"] == pid and x["judge"] == j and x["order"] == o and x["winner"] for x in rows) for j in ("tiny", mine[0]["judge"]) for o in ("ab", "ba"))}
+            if all(any(x["pair_id"] == pid and x["judge"] == j and x["order"] == o and x["winner"] for x in rows)
+                   for j in ("tiny", mine[0]["judge"]) for o in ("ab", "ba"))}
     pair_of = {frozenset((r["first"], r["second"])): r["pair_id"] for r in rows}
     assert {pair_of[frozenset((k["chosen"], k["rejected"]))] for k in read_rows(kept)} <= both
     reasons = [json.loads(x)["reason"] for x in removed.read_text().splitlines()]

@@ -44,7 +44,8 @@ def sent(server, endpoint: str) -> float:
 def test_info_publishes_the_time_plan(server, model):
     info = server.get("/v1/info").json()["contract"]
     assert info["contract_fields_fingerprint"] == model.contract.fingerprint
-    assert info["sampling"] == {"sample_fps": 1.0, "candidate_seconds": 5.0, "candidate_frames": 5, "max_context_frames": None, "short_candidates": False, "no_context": False}
+    assert info["sampling"] == {"sample_fps": 1.0, "candidate_seconds": 5.0, "candidate_frames": 5, "max_context_frames": None,
+                                "short_candidates": False, "no_context": False}
 
 
 def test_a_group_uploads_over_ten_times_fewer_bytes_with_equal_rewards(server, model):

@@ -39,7 +39,8 @@ def rows_of(path):
 def test_ray_job_writes_the_same_rows_as_the_single_process_job(cluster, tiny_bundle, manifest, capsys):
     single, distributed = manifest / "single.jsonl", manifest / "ray.jsonl"
     assert main(["batch", "--model", str(tiny_bundle), "--input", str(manifest / "manifest.jsonl"), "--output", str(single)]) == 0
-    assert main(["batch", "--model", str(tiny_bundle), "--input", str(manifest / "manifest.jsonl"), "--output", str(distributed), "--ray", "--replicas", "2"]) == 0
+    assert main(["batch", "--model", str(tiny_bundle), "--input", str(manifest / "manifest.jsonl"), "--output", str(distributed),
+                 "--ray", "--replicas", "2"]) == 0
     assert "nvrm batch (ray, 2 replica(s)): scored 8, failed 4" in capsys.readouterr().out
     a, b = rows_of(single), rows_of(distributed)
     assert len(distributed.read_text().splitlines()) == len(b) == len(a) == 12

@@ -51,7 +51,9 @@ def test_the_preference_recipe_runs_end_to_end(tmp_path, tiny_bundle):
     assert sorted({j["judge"] for j in judgments}) == ["nvrm:WORL-NVRM", "qwen"] and len(judgments) == 6 * 2 * 2
     assert all(j["winner"] is None and j["unparsed"] for j in judgments if j["judge"] == "qwen" and not _parses(j["raw"]))
     kept = [json.loads(x) for x in (work / "train_pairs.jsonl").read_text().splitlines()]
-    assert kept and {(k["chosen"], k["rejected"]) for k in kept} <= {(j["first"], j["second"]) for j in judgments} | {(j["second"], j["first"]) for j in judgments}
+    assert kept and {(k["chosen"], k["rejected"]) for k in kept} <= (
+        {(j["first"], j["second"]) for j in judgments} | {(j["second"], j["first"]) for j in judgments}
+    )
     assert (work / "run" / "bundle" / "nvrm_head.safetensors").is_file()
     last = done.stdout.strip().splitlines()
     agree = [line for line in last if line.startswith("agreement with judge nvrm:WORL-NVRM")]

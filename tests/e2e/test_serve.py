@@ -68,7 +68,8 @@ def test_probes_info_and_metrics(server, model):
     assert info["model"]["revision"] == "tiny-test-0001" and info["contract"]["fingerprint"] == model.fingerprint
     assert info["limits"]["max_queue_items"] == 64 and info["limits"]["path_inputs"] is True
     text = server.get("/metrics").text
-    for name in ("nvrm_requests_total", "nvrm_items_total", "nvrm_batch_size", "nvrm_items_admitted", "nvrm_request_seconds_bucket", "nvrm_context_cache_total"):
+    for name in ("nvrm_requests_total", "nvrm_items_total", "nvrm_batch_size", "nvrm_items_admitted", "nvrm_request_seconds_bucket",
+                 "nvrm_context_cache_total"):
         assert name in text
 
 
@@ -111,7 +112,8 @@ def test_group_endpoint_and_per_item_errors(server, data_dir, expected, model):
     r = post(server, "/v1/score_group", body)
     assert r.status_code == 200
     res = r.json()["results"]
-    assert abs(res[0]["reward"] - expected[0]) <= GROUP_ULPS * bf16_ulp(expected[0]) and abs(res[2]["reward"] - expected[2]) <= GROUP_ULPS * bf16_ulp(expected[2])
+    assert (abs(res[0]["reward"] - expected[0]) <= GROUP_ULPS * bf16_ulp(expected[0])
+            and abs(res[2]["reward"] - expected[2]) <= GROUP_ULPS * bf16_ulp(expected[2]))
     assert res[1]["error"]["code"] == "invalid_input" and "not a readable video" in res[1]["error"]["message"]
     # a path inside the allowed dir, and encoded bytes of the same file, give the same reward
     ctx = {"path": str(d / "context.mp4")}
@@ -282,10 +284,12 @@ def test_binary_multipart_gives_the_json_answers(server, expected):
     from nvrm.protocol import npy_bytes
 
     request = {"prompt": "p", "context": {"part": "ctx", "fps": CTX.fps}, "candidates": [{"part": "c0", "fps": CANDS[0].fps}]}
-    files = {"request": (None, json.dumps(request), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy())), "c0": ("c0.npy", npy_bytes(CANDS[0].numpy()))}
+    files = {"request": (None, json.dumps(request), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy())),
+             "c0": ("c0.npy", npy_bytes(CANDS[0].numpy()))}
     r = server.post("/v1/score_group", files=files, timeout=60)
     assert r.status_code == 200 and r.json()["results"][0]["reward"] == b[0]
-    bad = {"request": (None, json.dumps({**request, "candidates": [{"part": "nope", "fps": 1}]}), "application/json"), "ctx": ("ctx.npy", npy_bytes(CTX.numpy()))}
+    bad = {"request": (None, json.dumps({**request, "candidates": [{"part": "nope", "fps": 1}]}), "application/json"),
+           "ctx": ("ctx.npy", npy_bytes(CTX.numpy()))}
     r = server.post("/v1/score_group", files=bad, timeout=60)
     assert r.status_code == 400 and "names no part" in r.json()["error"]["message"]
 
@@ -380,7 +384,8 @@ def test_a_megabyte_prompt_is_refused_and_others_keep_being_served(model, expect
         surrogate = json.dumps({"items": [{"prompt": "bad \ud800", "context": frames(CTX), "candidate": frames(CANDS[0])}]})
         r = s.post("/v1/score", content=surrogate, headers={"content-type": "application/json"}, timeout=60)
         assert r.status_code == 422 and "not valid Unicode" in r.json()["results"][0]["error"]["message"]
-        slow = {"items": [{"prompt": "p", "context": {"frames": encode_frames(np.zeros((16, 8, 8, 3), np.uint8)), "fps": 1e-300}, "candidate": frames(CANDS[0])}]}
+        slow = {"items": [{"prompt": "p", "context": {"frames": encode_frames(np.zeros((16, 8, 8, 3), np.uint8)), "fps": 1e-300},
+                           "candidate": frames(CANDS[0])}]}
         assert "outside min_fps" in post(s, "/v1/score", slow).json()["error"]["message"]
         good = s.client().score("p", CTX, CANDS[1]).reward
         assert abs(good - expected[1]) <= GROUP_ULPS * bf16_ulp(expected[1])

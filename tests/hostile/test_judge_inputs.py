@@ -137,7 +137,8 @@ def test_a_judge_that_times_out_or_answers_500_writes_nothing_and_resume_finishe
         out = tmp_path / "j.jsonl"
         assert judge(pairs, out, server.url, "--timeout-s", "0.3") == 1
         err = errors(capsys)
-        assert err[-1].startswith("nvrm prefs judge: 2 judgment(s) could not be made this time (2 x ReadTimeout") and err[-1].endswith("run again with --resume")
+        assert (err[-1].startswith("nvrm prefs judge: 2 judgment(s) could not be made this time (2 x ReadTimeout")
+                and err[-1].endswith("run again with --resume"))
         assert {r["pair_id"] for r in rows_of(out)} == {"p2"}  # only the final failures of the missing video
         state["mode"] = "500"
         n = len(server.requests)

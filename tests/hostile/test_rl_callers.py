@@ -53,4 +53,5 @@ def test_an_empty_prompt_is_an_error_naming_the_key(demo, prompt):
     out = trl_reward(model)(prompts=[prompt, PROMPT], completions=[str(cands["smooth"])] * 2, context_video=[str(ctx)] * 2)
     assert out[0] is None and out[1] is not None
     with pytest.raises(RewardFnError, match=r"extra_info\['prompt'\]\) is empty"):
-        verl_compute_score(model)(data_source="v", solution_str=str(cands["smooth"]), ground_truth=None, extra_info={"prompt": prompt, "context_video": str(ctx)})
+        verl_compute_score(model)(data_source="v", solution_str=str(cands["smooth"]), ground_truth=None,
+                                  extra_info={"prompt": prompt, "context_video": str(ctx)})

@@ -11,7 +11,6 @@ in-process ``score_group`` on the same decoded frames, bit for bit (after cosmos
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,8 @@ pytestmark = pytest.mark.trainers
 
 HERE = Path(__file__).resolve().parent
 PROMPT = "A square glides across a tiled floor."
-COSMOS = ["cosmos-rl==0.4.7", "nvidia-ml-py==13.615.71", "math-verify==0.9.0", "latex2sympy2_extended==1.11.0", "antlr4-python3-runtime==4.13.2", "einops==0.8.2",
+COSMOS = ["cosmos-rl==0.4.7", "nvidia-ml-py==13.615.71", "math-verify==0.9.0", "latex2sympy2_extended==1.11.0", "antlr4-python3-runtime==4.13.2",
+          "einops==0.8.2",
           # cosmos-rl's Wan2.1 decoder module imports its storage and media helpers at import time
           "boto3==1.44.8", "botocore==1.44.8", "s3transfer==0.19.3", "jmespath==1.1.0", "python-dateutil==2.9.0.post0", "imageio==2.38.2", "trimesh==5.2.0"]
 
@@ -43,7 +43,9 @@ def vae(tmp_path_factory):
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("wan") / "tiny-wan2.1-vae"
-    AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[], temperal_downsample=[False, True, True]).save_pretrained(str(folder))
+    AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[], temperal_downsample=[False, True, True]
+    ).save_pretrained(str(folder))
     return folder
 
 

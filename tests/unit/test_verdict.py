@@ -51,7 +51,8 @@ def test_anything_else_is_unparsed_with_its_reason_never_a_winner(text, reason):
 def test_confidence_is_the_answer_token_renormalised_over_the_answers():
     logprobs = {"content": [
         {"token": '{"', "logprob": -0.01}, {"token": "winner", "logprob": -0.02}, {"token": '":"', "logprob": -0.01},
-        {"token": "first", "logprob": math.log(0.6), "top_logprobs": [{"token": "first", "logprob": math.log(0.6)}, {"token": "second", "logprob": math.log(0.2)},
+        {"token": "first", "logprob": math.log(0.6), "top_logprobs": [{"token": "first", "logprob": math.log(0.6)},
+                                                                      {"token": "second", "logprob": math.log(0.2)},
                                                                       {"token": "banana", "logprob": math.log(0.2)}]},
     ]}
     assert confidence_from_logprobs(logprobs, "first") == pytest.approx(0.75)

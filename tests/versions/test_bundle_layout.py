@@ -43,7 +43,8 @@ def _save_like_transformers_4(tmp: Path) -> Path:
     config = Qwen3VLConfig(
         text_config=dict(vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
                          num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=262144,
-                         rope_theta=spec.rope_theta, rope_scaling={"rope_type": "default", "mrope_section": list(spec.mrope_section), "mrope_interleaved": True},
+                         rope_theta=spec.rope_theta,
+                         rope_scaling={"rope_type": "default", "mrope_section": list(spec.mrope_section), "mrope_interleaved": True},
                          tie_word_embeddings=True, bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN]),
         vision_config=dict(depth=spec.vision_depth, hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate, num_heads=spec.vision_heads,
                            out_hidden_size=spec.hidden_size, patch_size=16, temporal_patch_size=2, spatial_merge_size=2,

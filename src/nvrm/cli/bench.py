@@ -28,7 +28,8 @@ def _size(text: str) -> tuple[int, int]:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm bench``: the workload, the random bundle size and the workload's own knobs."""
-    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step"], default="files", help="what to measure (default files)")
+    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step"], default="files",
+                   help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "deep", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                 if o.error:
                     print(f"  {o.name:<13} error: {o.error}")
                 else:
-                    print(f"  {o.name:<13} {o.reward:>+9.4f} {o.delta:>+9.4f} {o.p_preferred:>12.3f}{'  <- FLAGGED: scores above the original' if o.flagged else ''}")
+                    print(f"  {o.name:<13} {o.reward:>+9.4f} {o.delta:>+9.4f} {o.p_preferred:>12.3f}"
+                          f"{'  <- FLAGGED: scores above the original' if o.flagged else ''}")
         if summary:
             print(f"{'perturbation':<13} {'raised':>7} {'mean delta':>11} {'std':>8}")
             for n, s in summary.items():

@@ -68,7 +68,8 @@ class GroupEncoded:
 
     @classmethod
     def from_items(
-        cls, rope: RopeSpec, n_context: int, context: tuple[torch.Tensor, torch.Tensor], items: Sequence["Encoded"], candidates: Sequence[tuple[torch.Tensor, torch.Tensor]]
+        cls, rope: RopeSpec, n_context: int, context: tuple[torch.Tensor, torch.Tensor], items: Sequence["Encoded"],
+        candidates: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> "GroupEncoded | None":
         """A group made of separately encoded items that share their prompt and context (no re-tokenising);
         None if their sequences do not share the context prefix after all."""

@@ -81,7 +81,9 @@ class Prefix:
 
 
 @torch.inference_mode()
-def prefill(backbone, head: RewardHead, prefix: Prefix, enc: GroupEncoded, row: int, *, device: torch.device, vision=None, normalize_hidden: bool = False) -> float:
+def prefill(
+    backbone, head: RewardHead, prefix: Prefix, enc: GroupEncoded, row: int, *, device: torch.device, vision=None, normalize_hidden: bool = False
+) -> float:
     """Candidate ``row`` of ``enc`` whole, as ``score`` runs it: keeps the prefix's KV under its total length
     in ``prefix`` and returns the candidate's reward."""
     lm = backbone.language_model

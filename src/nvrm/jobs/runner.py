@@ -257,5 +257,5 @@ def run(
         sink.finish()
     finally:
         sink.close()
-    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, time.perf_counter() - t0, str(output), tally.off_contract, tally.internal,
-                        len(staleness.changed), len(staleness.removed))
+    return BatchSummary(tally.scored + tally.failed, tally.scored, tally.failed, skipped, time.perf_counter() - t0, str(output),
+                        tally.off_contract, tally.internal, len(staleness.changed), len(staleness.removed))

@@ -134,9 +134,11 @@ class RunSettings:
     retries: int = field(default=4, metadata=meta("retries of a request after 429, 5xx, a timeout or a dropped connection (with backoff)"))
     deadline_s: float | None = field(default=None, metadata=meta("stop asking after this many seconds; what is not made is asked again by --resume"))
     api_key_env: str | None = field(default=None, metadata=meta("environment variable holding the API key of judges that name none (key_env=...)"))
-    structured: str = field(default="auto", metadata=meta("ask for a JSON-schema verdict: auto (unless the server refuses it), json_schema, or none (the strict parser alone)",
+    structured: str = field(default="auto", metadata=meta("ask for a JSON-schema verdict: auto (unless the server refuses it), json_schema, "
+                                                          "or none (the strict parser alone)",
                                                           choices=("auto", "json_schema", "none")))
-    logprobs: bool = field(default=False, metadata=meta("ask for the answer tokens' log-probabilities (a confidence per verdict, where the server returns them)"))
+    logprobs: bool = field(default=False, metadata=meta("ask for the answer tokens' log-probabilities "
+                                                        "(a confidence per verdict, where the server returns them)"))
     max_tokens: int = field(default=64, metadata=meta("the most tokens a judge may answer with"))
     max_answer_kb: int = field(default=1024, metadata=meta("the most kilobytes of an answer read, after decompression (a gzip bomb stops there); "
                                                            "a larger answer fails its row"))
@@ -227,7 +229,8 @@ class JudgingRun:
             confidence = answer.confidence if isinstance(judge, RewardJudge) else confidence_from_logprobs(answer.logprobs, verdict.winner)
         usage = clean_usage(answer.usage)
         row = {
-            "pair_id": task.pair.pair_id, "order": task.order, "judge": task.judge, "judge_model": judge.spec.model if judge.spec.kind == "chat" else (judge.spec.path or judge.spec.url),
+            "pair_id": task.pair.pair_id, "order": task.order, "judge": task.judge,
+            "judge_model": judge.spec.model if judge.spec.kind == "chat" else (judge.spec.path or judge.spec.url),
             "prompt": task.pair.prompt, "context": task.pair.context, "first": first, "second": second,
             "winner": verdict.winner if verdict else None, "unparsed": verdict.reason if verdict and not verdict.winner else None,
             "error": answer.error, "raw": None if answer.text is None else answer.text[:RAW_EXCERPT],

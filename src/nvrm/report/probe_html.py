@@ -87,7 +87,8 @@ def render_probe_report(reports: Sequence[Any], summary: dict[str, dict[str, Any
             flag = s["raised_fraction"] is not None and s["raised_fraction"] > 0
             parts.append(
                 f'<tr class="summary-row" data-name="{esc(n)}" data-raised="{s["raised_fraction"]}" data-mean="{s["mean_delta"]}">'
-                f'<td>{"⚠ " if flag else ""}{esc(n)}</td><td class="num">{raised}</td><td class="num">{mean}</td><td class="num">{std}</td><td class="num">{s["errors"]}</td></tr>'
+                f'<td>{"⚠ " if flag else ""}{esc(n)}</td><td class="num">{raised}</td><td class="num">{mean}</td>'
+                f'<td class="num">{std}</td><td class="num">{s["errors"]}</td></tr>'
             )
         parts.append("</table>")
         parts.append(bar_chart([(n, summary[n]["mean_delta"], bool(summary[n]["raised_fraction"])) for n in names], "mean Δ per perturbation (bar: ± std)",

@@ -57,7 +57,11 @@ def flow_grpo_reward(
 
     def factory(device: Any = None):
         if "source" not in state:
-            extra = {"device": str(device)} if device is not None and not is_url(model_or_url) and not hasattr(model_or_url, "score_groups") and "device" not in load else {}
+            extra = (
+                {"device": str(device)}
+                if device is not None and not is_url(model_or_url) and not hasattr(model_or_url, "score_groups") and "device" not in load
+                else {}
+            )
             state["source"] = RewardSource(model_or_url, api_key=api_key, short_candidates=short_candidates, no_context=no_context, **load, **extra)
         source = state["source"]
         monitor = SignalMonitor("nvrm flow-GRPO reward", "Check that each prompt's samples really differ.")
@@ -71,7 +75,8 @@ def flow_grpo_reward(
                 raise ConfigError(f"nvrm flow-GRPO reward: {n} videos, {len(prompts)} prompts, {len(metadata)} metadata entries")
             metas = [m if isinstance(m, dict) else {} for m in metadata]
             cands = [video_of(v, m.get(fps_key, fps), f"video {i}") for i, (v, m) in enumerate(zip(videos, metas))]
-            call = check_items(list(prompts), [m.get(context_key) for m in metas], cands, prompt_name="prompts[i]", context_name=f"metadata[i][{context_key!r}]", no_context=no_context)
+            call = check_items(list(prompts), [m.get(context_key) for m in metas], cands, prompt_name="prompts[i]",
+                               context_name=f"metadata[i][{context_key!r}]", no_context=no_context)
             scores, _, errors, results = score_call(source, call, policy=policy, normalize=normalize, monitor=monitor)
             return scores, {
                 "nvrm_failed": sorted(errors),

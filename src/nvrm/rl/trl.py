@@ -76,7 +76,8 @@ def trl_reward(
         if context_key not in columns:
             raise ConfigError(f"{name}: context_key={context_key!r} is not among the columns TRL passed ({', '.join(sorted(columns)) or 'none'})")
         cands = _candidates(name, hook, candidate_key, prompts, completions, columns)
-        call = check_items(texts, columns[context_key], cands, prompt_name=f"prompt_key={prompt_key or 'prompt'}", context_name=f"column {context_key!r}", no_context=no_context)
+        call = check_items(texts, columns[context_key], cands, prompt_name=f"prompt_key={prompt_key or 'prompt'}",
+                           context_name=f"column {context_key!r}", no_context=no_context)
         rewards, _, errors, results = score_call(source, call, policy=policy, normalize=normalize, monitor=monitor)
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):

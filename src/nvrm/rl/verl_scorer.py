@@ -113,7 +113,8 @@ class VerlScorer:
             cands = [info.get(s.candidate_key) for info in infos]
         else:
             cands = [completion_as_path(solution, i) for i, solution in enumerate(solutions)]
-        return check_items(prompts, contexts, cands, prompt_name=f"extra_info[{s.prompt_key!r}]", context_name=f"extra_info[{s.context_key!r}]", no_context=s.no_context)
+        return check_items(prompts, contexts, cands, prompt_name=f"extra_info[{s.prompt_key!r}]", context_name=f"extra_info[{s.context_key!r}]",
+                           no_context=s.no_context)
 
     def _outcomes(self, items: list[tuple]) -> list[Any]:
         """One dict or one error per item (the per-sample path: a failure fails only its caller)."""

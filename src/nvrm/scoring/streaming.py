@@ -104,7 +104,9 @@ class PendingGroup:
 
     CHUNKS_AHEAD = 1
 
-    def __init__(self, engine=None, prompt: Any = None, context: Any = None, candidates: Sequence[Any] = (), chunk: int = 1, error: NvrmError | None = None, n: int = 0):
+    def __init__(
+        self, engine=None, prompt: Any = None, context: Any = None, candidates: Sequence[Any] = (), chunk: int = 1, error: NvrmError | None = None, n: int = 0
+    ):
         self.engine = engine
         self.prompt = prompt
         self.candidates = list(candidates)

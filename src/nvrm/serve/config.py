@@ -37,7 +37,8 @@ class ServeConfig:
     port: int = field(default=8000, metadata=_help("port to listen on"))
     allow_dirs: tuple[str, ...] = field(
         default=(),
-        metadata=_help('folder {"path": ...} inputs may read (symlinks resolved first; repeatable); none: path inputs refused', flag="--allow-dir", repeat=True),
+        metadata=_help('folder {"path": ...} inputs may read (symlinks resolved first; repeatable); none: path inputs refused',
+                       flag="--allow-dir", repeat=True),
     )
     api_key_env: str | None = field(
         default=None, metadata=_help("name of the environment variable holding the bearer token required on /v1/* and /metrics")
@@ -50,7 +51,8 @@ class ServeConfig:
     max_queue_items: int = field(default=1024, metadata=_help("items admitted (preparing, waiting or scoring) before new requests get 503"))
     max_inflight_mb: float = field(
         default=4096.0,
-        metadata=_help("bytes requests may hold at once: their bodies and an upper bound of their prepared frames; more get 503 (the memory model: README, Limits)"),
+        metadata=_help("bytes requests may hold at once: their bodies and an upper bound of their prepared frames; "
+                       "more get 503 (the memory model: README, Limits)"),
     )
     max_body_mb: float = field(default=64.0, metadata=_help("request body size limit, enforced while the body streams in"))
     body_timeout_s: float = field(default=30.0, metadata=_help("a request body must arrive whole within this many seconds (slow senders get 408)"))
@@ -66,7 +68,8 @@ class ServeConfig:
     )
     prefix_cache_mb: float = field(
         default=512.0,
-        metadata=_help("prefilled contexts (their KV, on the model's device) kept so later items of the same context run only their own tokens (LRU); 0 turns it off"),
+        metadata=_help("prefilled contexts (their KV, on the model's device) kept so later items of the same context run only their own tokens (LRU); "
+                       "0 turns it off"),
     )
     max_jobs: int = field(default=4096, metadata=_help("asynchronous jobs held at once, running or finished (/v1/jobs, cosmos-rl's enqueue); more get 503"))
     job_ttl_s: float = field(default=900.0, metadata=_help("how long a finished job's result is kept, however often it is fetched"))
@@ -87,7 +90,9 @@ class ServeConfig:
         default=None, metadata=_help("a Wan VAE (diffusers AutoencoderKLWan folder, or Wan2.1_VAE.pth) to decode cosmos-rl's latents with: "
                                     "Wan2.1's for 16-channel latents, Wan2.2's for 48 (nvrm[cosmos])")
     )
-    context_frames: int = field(default=1, metadata=_help("leading frames of a cosmos-rl rollout that are its context (the conditioning frames; 0: text-to-world)"))
+    context_frames: int = field(
+        default=1, metadata=_help("leading frames of a cosmos-rl rollout that are its context (the conditioning frames; 0: text-to-world)")
+    )
     cosmos_fallback_score: float = field(
         default=-5.0, metadata=_help("the score a cosmos-rl rollout that failed gets (named in the answer's errors list); default cosmos-rl's clip floor")
     )

@@ -160,11 +160,13 @@ def _reward_weights(fns: Any) -> dict[str, float]:
         except OverflowError:  # an integer beyond float range
             ok = False
         if not ok:
-            raise RequestError(f"enqueue JSON 'reward_fn'[{name[:40]!r}]", f"is {repr(w)[:40]}; a weight is a finite number (cosmos-rl multiplies the pulled score by it)")
+            raise RequestError(f"enqueue JSON 'reward_fn'[{name[:40]!r}]",
+                               f"is {repr(w)[:40]}; a weight is a finite number (cosmos-rl multiplies the pulled score by it)")
         weights[name] = float(w)
     other = sorted(set(weights) - set(REWARD_NAMES))
     if other:
-        raise RequestError("enqueue JSON 'reward_fn'", f"asks for {', '.join(o[:40] for o in other[:8])}; this server computes {', '.join(REWARD_NAMES)} (set reward_fn to 'nvrm')")
+        raise RequestError("enqueue JSON 'reward_fn'",
+                           f"asks for {', '.join(o[:40] for o in other[:8])}; this server computes {', '.join(REWARD_NAMES)} (set reward_fn to 'nvrm')")
     return weights
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from ..clip import Clip
-from ..errors import InputError, RequestError
+from ..errors import RequestError
 from ..protocol import INPUT_CODES, ErrorCode, Video
 from .budget import prepared_bytes
 from .media import Media, to_media

@@ -32,9 +32,12 @@ class Metrics:
         self.batch_size = Histogram("nvrm_batch_size", "Items per forward pass (or group)", buckets=SIZE_BUCKETS, registry=r)
         self.batch_tokens = Histogram("nvrm_batch_tokens", "Key positions per forward pass (rows x longest row)", buckets=TOKEN_BUCKETS, registry=r)
         self.latency = Histogram("nvrm_request_seconds", "Request latency by endpoint", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.parse = Histogram("nvrm_parse_seconds", "CPU time parsing and decoding a request body (in a thread, off the event loop)", buckets=LATENCY_BUCKETS, registry=r)
-        self.context_hash = Histogram("nvrm_context_hash_seconds", "CPU time hashing a request's contexts for the shared-context cache", buckets=LATENCY_BUCKETS, registry=r)
-        self.receive = Histogram("nvrm_receive_seconds", "Wall time receiving a request body and waiting for its parse to start", buckets=LATENCY_BUCKETS, registry=r)
+        self.parse = Histogram("nvrm_parse_seconds", "CPU time parsing and decoding a request body (in a thread, off the event loop)",
+                               buckets=LATENCY_BUCKETS, registry=r)
+        self.context_hash = Histogram("nvrm_context_hash_seconds", "CPU time hashing a request's contexts for the shared-context cache",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.receive = Histogram("nvrm_receive_seconds", "Wall time receiving a request body and waiting for its parse to start",
+                                 buckets=LATENCY_BUCKETS, registry=r)
         self.forward = Histogram("nvrm_forward_seconds", "Model time per forward pass or group", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         self.context_cache = Counter("nvrm_context_cache", "Prepared-context lookups by result (hit, miss)", ["result"], registry=r)
         self.prefix_cache = Counter("nvrm_prefix_cache", "Kept-prefix lookups by result (hit, miss) for items of a shared context", ["result"], registry=r)

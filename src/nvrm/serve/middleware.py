@@ -53,7 +53,9 @@ def install(app: FastAPI, *, api_key: str | None, metrics) -> None:
         return response
 
 
-OVERLOADED = json.dumps(error_body("overloaded", "the server is at --max-connections (open connections and requests); retry after the Retry-After seconds")).encode()
+OVERLOADED = json.dumps(
+    error_body("overloaded", "the server is at --max-connections (open connections and requests); retry after the Retry-After seconds")
+).encode()
 
 
 async def over_connection_limit(scope, receive, send) -> None:

@@ -127,7 +127,8 @@ def parse_upload(state, raw: bytes, content_type: str) -> dict[str, Any]:
     if state.store.max_bytes <= 0:
         raise RequestError("context", "context uploads are off on this server (--context-store-mb 0)", code=ErrorCode.FORBIDDEN)
     if not state.store.put(ref, kept, size):
-        raise RequestError("context", f"is {size} bytes, more than the whole context store ({state.store.max_bytes} bytes, --context-store-mb)", code=ErrorCode.TOO_LARGE)
+        raise RequestError("context", f"is {size} bytes, more than the whole context store ({state.store.max_bytes} bytes, --context-store-mb)",
+                           code=ErrorCode.TOO_LARGE)
     return {"ref": ref, "bytes": size}
 
 

@@ -87,7 +87,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             "optimizer": opt,
         }
     except Exception as e:  # noqa: BLE001 - OSError, bad JSON, a truncated safetensors file (SafetensorError): all unreadable
-        raise InputError(str(path), f"checkpoint is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]}); delete it to resume from the one before") from e
+        raise InputError(
+            str(path), f"checkpoint is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]}); delete it to resume from the one before"
+        ) from e
 
 
 def save(trainer, root: Path) -> Path:

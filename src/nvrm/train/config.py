@@ -21,7 +21,9 @@ class TrainConfig:
 
     epochs: int = field(default=3, metadata=_help("passes over the training pairs"))
     batch_pairs: int = field(
-        default=4, metadata=_help("pairs per micro-batch across all ranks (each pair is two sequences); split between the ranks, so the global batch is the same at any world size")
+        default=4,
+        metadata=_help("pairs per micro-batch across all ranks (each pair is two sequences); split between the ranks, "
+                       "so the global batch is the same at any world size"),
     )
     grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step (gradients are exchanged between ranks once per step)"))
     lr: float = field(default=2e-4, metadata=_help("learning rate of the LoRA weights"))
@@ -33,7 +35,8 @@ class TrainConfig:
     lora_alpha: float = field(default=32.0, metadata=_help("LoRA alpha"))
     lora_dropout: float = field(default=0.0, metadata=_help("LoRA dropout"))
     lora_targets: tuple[str, ...] = field(
-        default=LORA_TARGETS, metadata=_help("language-model modules that get adapters (repeatable; default all projections)", flag="--lora-target", repeat=True)
+        default=LORA_TARGETS,
+        metadata=_help("language-model modules that get adapters (repeatable; default all projections)", flag="--lora-target", repeat=True),
     )
     lora_vision: bool = field(default=False, metadata=_help("also put LoRA adapters on the vision tower's projections"))
     tie_margin: float | None = field(default=None, metadata=_help("Rao-Kupper tau; default 0 (plain Bradley-Terry) without ties, ln 2 with ties"))
@@ -41,10 +44,14 @@ class TrainConfig:
     save_every: int = field(default=50, metadata=_help("optimizer steps between checkpoints (and one at each epoch end)"))
     eval_every: int | None = field(default=None, metadata=_help("optimizer steps between held-out evaluations (default: each epoch end)"))
     keep_checkpoints: int = field(default=2, metadata=_help("checkpoints kept on disk"))
-    dtype: str | None = field(default=None, metadata=_help("training dtype of the backbone; default float32 on CPU, bfloat16 on CUDA", choices=("float32", "bfloat16", "float16")))
+    dtype: str | None = field(
+        default=None, metadata=_help("training dtype of the backbone; default float32 on CPU, bfloat16 on CUDA", choices=("float32", "bfloat16", "float16"))
+    )
     cache_inputs: bool = field(default=False, metadata=_help("keep every pair's prepared videos in memory (small data only; large sets use --store)"))
     gradient_checkpointing: bool | None = field(
-        default=None, metadata=_help("recompute vision blocks and text layers in the backward pass (less memory, same gradients); default on with CUDA", flag="--gradient-checkpointing")
+        default=None,
+        metadata=_help("recompute vision blocks and text layers in the backward pass (less memory, same gradients); default on with CUDA",
+                       flag="--gradient-checkpointing"),
     )
     optimizer: str = field(default="adamw", metadata=_help("adamw, or sgd (plain gradient steps: what a gradient check compares)", choices=("adamw", "sgd")))
     stop_after_steps: int | None = field(default=None, metadata=_help("stop (with a checkpoint) after this many optimizer steps in all; --resume continues"))

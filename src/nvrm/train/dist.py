@@ -84,11 +84,13 @@ class Ranks:
         ranks = cls(acc, acc.process_index, acc.num_processes, acc.local_process_index,
                     int(os.environ.get("LOCAL_WORLD_SIZE", str(world))), torch.device(acc.device))
         if acc.num_processes != world:
-            raise ConfigError(f"the launcher started {world} processes, but they formed a run of {acc.num_processes}; check MASTER_ADDR / MASTER_PORT and the launcher's flags")
+            raise ConfigError(f"the launcher started {world} processes, but they formed a run of {acc.num_processes}; "
+                              "check MASTER_ADDR / MASTER_PORT and the launcher's flags")
         if world > 1:
             seen = ranks.gather(ranks.rank, to_all=True)
             if sorted(seen) != list(range(world)):
-                raise ConfigError(f"the {world} processes of this launch do not have distinct ranks ({seen}); launch with torchrun or accelerate launch --multi_gpu")
+                raise ConfigError(f"the {world} processes of this launch do not have distinct ranks ({seen}); "
+                                  "launch with torchrun or accelerate launch --multi_gpu")
         return ranks
 
     # ------------------------------------------------------------ collectives

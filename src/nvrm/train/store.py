@@ -154,7 +154,8 @@ def check_meta(folder: Path, fingerprint: str) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise InputError(str(folder), f"is not a prepared-input store (store.json: {' '.join(str(e).split())[:120]}); build one with nvrm prefs prepare") from e
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise InputError(str(folder), f"is not a version-{VERSION} prepared-input store (store.json says {meta.get('format')!r} version {meta.get('version')!r})")
+        raise InputError(str(folder),
+                         f"is not a version-{VERSION} prepared-input store (store.json says {meta.get('format')!r} version {meta.get('version')!r})")
     if meta.get("fingerprint") != fingerprint:
         raise InputError(
             str(folder),
@@ -230,7 +231,8 @@ def scan(folder: Path, contract: str | None = None) -> tuple[dict[tuple[str, str
             entries = [Entry(e["key"], e["role"], e["path"], e["size"], e["mtime_ns"], tuple(e["times"]), body["shard"])
                        for e in body["entries"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InputError(str(index), f"is unreadable ({' '.join(str(e).split())[:120]}); delete it and its shard, then rebuild (nvrm prefs prepare resumes)") from e
+            raise InputError(str(index),
+                             f"is unreadable ({' '.join(str(e).split())[:120]}); delete it and its shard, then rebuild (nvrm prefs prepare resumes)") from e
         own = index.name[: -len(".index.json")]
         problem = shard_problem(folder, body, fingerprint, contract) if body["shard"] == own else f"is named by {index.name}, not by its own index"
         for entry in entries:
@@ -330,7 +332,8 @@ class StoreReader:
             pixels = self._read(e.shard, _tensor_name(e.key, "pixels"))
             grid = self._read(e.shard, _tensor_name(e.key, "grid"))
         except Exception as err:  # noqa: BLE001 - a damaged shard: one line naming it and the fix
-            raise InputError(str(self.folder / f"{e.shard}.safetensors"), f"is unreadable ({type(err).__name__}: {' '.join(str(err).split())[:120]}); delete it and its index, then rebuild") from err
+            raise InputError(str(self.folder / f"{e.shard}.safetensors"),
+                             f"is unreadable ({type(err).__name__}: {' '.join(str(err).split())[:120]}); delete it and its index, then rebuild") from err
         return PreparedVideo((), e.times, os.path.basename(path), role, self.contract, pixels, grid)
 
 
