@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from ..errors import NvrmError
 from . import batch, bench, demo, download, evaluation, export_bundle, prefs, probe, rank, score, serve, show_frames, train, verify_bundle
+from . import refresh
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -31,6 +32,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("prefs", "preference data: pairs from rollouts, judgments, filtering, the synthetic task, a prepared store", prefs.add_prefs_args, None),
     ("demo", "score sample clips (demo weights unless --model is given)", demo.add_args, demo.run),
     ("bench", "benchmark naive vs batch vs group scoring", bench.add_args, bench.run),
+    ("refresh", "one refresh cycle: judge the record's rollouts, train a LoRA, gate it, export it (resumable)", refresh.add_args, refresh.run),
 ]
 
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError, InternalError, NvrmError
 from .identity import input_key, input_keys
+from .pinning import pinned
 
 
 def context_key(prompt: Any, context: Any) -> tuple:
@@ -81,16 +82,25 @@ def shared_model(path: Any, **load: Any):
 class RewardSource:
     """Scores (prompt, context, candidate) items, grouped by shared (prompt, context)."""
 
-    def __init__(self, model_or_url: Any, *, api_key: str | None = None, short_candidates: bool = False, no_context: bool = False, **load: Any):
+    def __init__(self, model_or_url: Any, *, api_key: str | None = None, short_candidates: bool = False, no_context: bool = False,
+                 record: str | os.PathLike | None = None, **load: Any):
         """``short_candidates`` and ``no_context`` ask for the contract's off-contract opt-ins: a bundle path
-        is loaded with them on; a model or a server must already have them (refused otherwise, never ignored)."""
+        is loaded with them on; a model or a server must already have them (refused otherwise, never ignored).
+        ``record``: a folder to keep every scored item in (``nvrm.record``, docs/record.md)."""
+        self.recorder = None
+        if record is not None:
+            from ..record.capture import from_rl
+
+            self.recorder = from_rl(record)
         self.client = None
         self.model = None
         wanted = {name: True for name, on in (("short_candidates", short_candidates), ("no_context", no_context)) if on}
         from ..client import RewardClient
 
         if is_url(model_or_url) or isinstance(model_or_url, RewardClient):
-            self.client = model_or_url if isinstance(model_or_url, RewardClient) else RewardClient(model_or_url, api_key=api_key, **load)
+            from .pinning import client_kwargs
+
+            self.client = model_or_url if isinstance(model_or_url, RewardClient) else RewardClient(model_or_url, api_key=api_key, **client_kwargs(load))
             if wanted:
                 served = (self.client.info().get("contract") or {}).get("fields") or {}
                 missing = [name for name in wanted if not served.get(name)]
@@ -115,7 +125,9 @@ class RewardSource:
 
                 base = load.get("contract") or (Contract.for_bundle(model_or_url) if os.path.isdir(os.fspath(model_or_url)) else Contract())
                 load = {**load, "contract": _with(base, **wanted)}
-            self.model = shared_model(model_or_url, **load)
+            from .pinning import in_process_kwargs
+
+            self.model = shared_model(model_or_url, **in_process_kwargs(load, str(model_or_url)))
 
     @property
     def remote(self) -> bool:
@@ -141,19 +153,24 @@ class RewardSource:
         if singles:
             items = [(prompts[i], contexts[i], candidates[i]) for i in singles]
             _place(results, singles, self.model.score_batch(items, errors="return") if self.model is not None else self._remote_batch(items))
-        return [r if r is not None else InternalError("internal error: no result for this item") for r in results], plan
+        results = [r if r is not None else InternalError("internal error: no result for this item") for r in results]
+        if self.recorder is not None:
+            from ..record.capture import offer_rl
+
+            offer_rl(self.recorder, self.model, prompts, contexts, candidates, results, plan)
+        return results, plan
 
     def _remote_group(self, prompt: str, context: Any, candidates: list[Any]) -> list[Any]:
         try:
             return self.client.score_group(prompt, context, candidates, errors="return")  # type: ignore[union-attr]
-        except NvrmError as e:  # the request as a whole failed: every slot says why
-            return [e] * len(candidates)
+        except NvrmError as e:  # the request as a whole failed: every slot says why (a pinned revision refused: raised)
+            return [pinned(e)] * len(candidates)
 
     def _remote_batch(self, items: list[Any]) -> list[Any]:
         try:
             return self.client.score_batch(items, errors="return")  # type: ignore[union-attr]
         except NvrmError as e:
-            return [e] * len(items)
+            return [pinned(e)] * len(items)
 
 
 def _place(results: list[Any], idx: Sequence[int], out: Any) -> None:
