@@ -5,7 +5,7 @@
 Builds the 36-text-layer test bundle (the release's depth, narrow widths), then runs one
 subprocess per (ATEN_CPU_CAPABILITY, torch threads) this machine supports. Each scores the same
 cases with ``score``, ``score_group``, ``score_batch`` and both with ``exact=True``, and reports the
-drift in bf16 ulps of the larger magnitude. The maxima are what ``nvrm.bench.numerics`` states as
+drift in bf16 ulps of the larger magnitude. The maxima are what ``nvrm.fidelity.numerics`` states as
 bounds (README "Fidelity"; BENCHMARKS.md "Drift sweep").
 """
 
@@ -40,7 +40,7 @@ def worker(bundle: str, n: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     from nvrm import RewardModel
-    from nvrm.bench.numerics import machine_info, ulps
+    from nvrm.fidelity.numerics import machine_info, ulps
 
     from nvrm import Clip
     from nvrm.synth.clips import moving_square
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args._worker[0], int(args._worker[1]), int(args._worker[2]))))
         return 0
 
-    from nvrm.bench.numerics import machine_info, supported_capabilities
+    from nvrm.fidelity.numerics import machine_info, supported_capabilities
 
     caps = args.capabilities.split(",") if args.capabilities else supported_capabilities()
     tmp = tempfile.TemporaryDirectory()

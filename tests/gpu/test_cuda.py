@@ -43,7 +43,7 @@ def test_attention_choice_and_vision_path(cuda_model):
 
 
 def test_score_on_cuda_equals_the_plain_reference(cuda_model, tiny_bundle, clips):
-    from nvrm.bench.reference import ReferenceScorer, reference_images
+    from nvrm.fidelity.reference import ReferenceScorer, reference_images
 
     ref = ReferenceScorer(tiny_bundle, device="cuda")
     ctx, _ = reference_images(clips["context"], "context", cuda_model.contract)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrm.bench.numerics import CAPABILITIES, current_capability, supported_capabilities
+from nvrm.fidelity.numerics import CAPABILITIES, current_capability, supported_capabilities
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMERIC_TESTS = [
@@ -39,7 +39,7 @@ def test_numerics_hold_under_capability(capability):
         pytest.skip(f"the main run already runs with {capability}")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, INSIDE: capability}
     probe = subprocess.run(
-        [sys.executable, "-c", "from nvrm.bench.numerics import current_capability as c; print(c())"],
+        [sys.executable, "-c", "from nvrm.fidelity.numerics import current_capability as c; print(c())"],
         env=env, capture_output=True, text=True, cwd=ROOT,
     )
     assert probe.stdout.strip() == capability, probe.stderr[-2000:]

@@ -1,5 +1,5 @@
 """At the release's depth (36 text layers, narrow), group and batch scoring agree with score()
-within the bounds of nvrm.bench.numerics (measured by benchmarks/drift_sweep.py), packed batches are
+within the bounds of nvrm.fidelity.numerics (measured by benchmarks/drift_sweep.py), packed batches are
 bit-identical on the CPU, and exact=True is bit-identical."""
 
 from __future__ import annotations

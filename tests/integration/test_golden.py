@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from nvrm import Clip
-from nvrm.bench.numerics import GOLDEN_PORTABLE_ULPS, machine_info, ulps
-from nvrm.bench.reference import ReferenceScorer, reference_frames, reference_images
+from nvrm.fidelity.numerics import GOLDEN_PORTABLE_ULPS, machine_info, ulps
+from nvrm.fidelity.reference import ReferenceScorer, reference_frames, reference_images
 from nvrm.synth.clips import moving_square, write_video
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden.json"

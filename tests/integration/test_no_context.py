@@ -40,7 +40,7 @@ def test_a_missing_context_is_an_error_naming_the_slot_and_the_opt_in(model):
 
 @pytest.mark.transformers_forward
 def test_no_context_rewards_equal_the_reference_with_zero_context_images(open_model, tiny_bundle):
-    from nvrm.bench.reference import ReferenceScorer
+    from nvrm.fidelity.reference import ReferenceScorer
 
     ref = ReferenceScorer(tiny_bundle, contract=open_model.contract)
     want = [ref.reward(ref.inputs("p", [], list(prepare_input(c, "candidate", open_model.contract).images))) for c in CANDS]

@@ -8,8 +8,8 @@ import torch
 from nvrm import Clip
 from nvrm.synth.clips import moving_square, write_video
 from nvrm.engine.tasks import item_job
-from nvrm.bench.reference import ReferenceScorer, reference_images
-from nvrm.bench.numerics import BATCH_DRIFT_ULPS, bf16_ulp, ulps
+from nvrm.fidelity.reference import ReferenceScorer, reference_images
+from nvrm.fidelity.numerics import BATCH_DRIFT_ULPS, bf16_ulp, ulps
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from helpers import release_files
 from nvrm import Clip, InputError, RewardModel
 from nvrm.engine.tasks import item_job
 from nvrm.engine.chat import images_kwargs, render
-from nvrm.bench.reference import ReferenceScorer
+from nvrm.fidelity.reference import ReferenceScorer
 from nvrm.synth.bundles import ArchSpec, build_release_bundle
 from nvrm.synth.clips import moving_square
 

@@ -8,7 +8,7 @@ import pytest
 
 from nvrm import Clip, ContractError, InputError
 from nvrm.synth.clips import moving_square, write_audio_only, write_video
-from nvrm.bench.reference import reference_images
+from nvrm.fidelity.reference import reference_images
 
 FORMATS = {
     # name: (frames kwargs, fps, seconds, writer kwargs, suffix)

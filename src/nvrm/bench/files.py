@@ -55,7 +55,7 @@ def make_clips(folder: Path, context_s: int, groups: int, fps: int, size: tuple[
 
 def bench_preprocessing(model, files: list[Path]) -> dict:
     """frames/s of the reference pipeline vs the runtime's pooled pipeline, and bit-identity."""
-    from .reference import reference_images
+    from ..fidelity.reference import reference_images
 
     roles = ["context"] + ["candidate"] * (len(files) - 1)
     ref, t_ref = timed(lambda: [reference_images(f, r, model.contract) for f, r in zip(files, roles)], torch.device("cpu"))
@@ -87,7 +87,7 @@ def run_bench(
     naive: bool = True,
 ) -> dict:
     from ..scoring.reward_model import RewardModel
-    from .reference import ReferenceScorer
+    from ..fidelity.reference import ReferenceScorer
 
     bundle = build_bench_bundle(arch)
     model = RewardModel.from_pretrained(bundle, device=device)

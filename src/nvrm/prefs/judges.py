@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import random
 import socket
@@ -36,6 +35,7 @@ from urllib.parse import urlparse
 import httpx
 
 from ..errors import ConfigError
+from ..scoring.items import sigmoid
 from .judge_answers import BoundedBody, read_chat_answer
 
 VERDICT_SCHEMA = {"type": "object", "properties": {"winner": {"type": "string", "enum": ["first", "second", "tie"]}}, "required": ["winner"],
@@ -231,7 +231,7 @@ class RewardJudge:
         r1, r2 = results[0].reward, results[1].reward
         winner = "first" if r1 > r2 else "second" if r2 > r1 else "tie"
         raw = json.dumps({"winner": winner, "reward_first": r1, "reward_second": r2})
-        confidence = 1.0 / (1.0 + math.exp(-abs(r1 - r2)))
+        confidence = sigmoid(abs(r1 - r2))
         return Answer(text=raw, confidence=confidence, seconds=time.perf_counter() - t0, attempts=1)
 
     async def close(self) -> None:

@@ -24,8 +24,8 @@ import numpy as np
 
 from ..clip import Clip
 from ..errors import ConfigError, NvrmError
-from ..report.ranking import sigmoid
 from ..results import one_line
+from ..scoring.items import sigmoid
 from .perturbations import PERTURBATIONS, ProbeItem
 
 EXTRA_SECONDS = 2.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .ranking import sigmoid
+from ..scoring.items import sigmoid
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
-"""Rank candidates and describe the ranking: Bradley-Terry probabilities (pure)."""
+"""Rank candidates and describe the ranking: Bradley-Terry probabilities (pure).
+
+The ranking itself (``RankEntry``, ``rank_rewards``, ``p_top``) and the one ``sigmoid`` live in
+``nvrm.scoring.items``, so ``RewardModel.rank`` builds the same entries; they are re-exported here.
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Sequence
+import warnings
+from typing import Any, Sequence
 
+from ..scoring.items import RankEntry, p_top, rank_rewards, sigmoid
 
-def sigmoid(x: float) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
+__all__ = ["RankEntry", "pairwise_matrix", "p_top", "rank_rewards", "sigmoid"]
 
 
 def pairwise_matrix(rewards: Sequence[float]) -> list[list[float]]:
@@ -19,30 +19,10 @@ def pairwise_matrix(rewards: Sequence[float]) -> list[list[float]]:
     return [[sigmoid(a - b) for b in rewards] for a in rewards]
 
 
-def p_top(rewards: Sequence[float]) -> list[float]:
-    """P(each candidate is chosen first among all): softmax of rewards (Luce's choice rule,
-    the many-way form of Bradley-Terry)."""
-    m = max(rewards)
-    e = [math.exp(r - m) for r in rewards]
-    s = sum(e)
-    return [x / s for x in e]
-
-
-@dataclass(frozen=True)
-class Ranked:
-    index: int
-    """Position in the input."""
-    rank: int
-    """1 = best."""
-    reward: float
-    p_best_over: float
-    """P(the top candidate preferred over this one); 0.5 for the top itself."""
-    p_top: float
-
-
-def rank_rewards(rewards: Sequence[float]) -> list[Ranked]:
-    """Best first; equal rewards keep input order."""
-    order = sorted(range(len(rewards)), key=lambda i: (-rewards[i], i))
-    top = rewards[order[0]]
-    pt = p_top(rewards)
-    return [Ranked(i, k + 1, rewards[i], sigmoid(top - rewards[i]), pt[i]) for k, i in enumerate(order)]
+def __getattr__(name: str) -> Any:
+    """``Ranked``, the old name of :class:`~nvrm.scoring.items.RankEntry`, with a DeprecationWarning (until 0.6)."""
+    if name == "Ranked":
+        warnings.warn("nvrm.report.ranking.Ranked is deprecated and goes in 0.6: use nvrm.scoring.items.RankEntry (one ranking type)",
+                      DeprecationWarning, stacklevel=2)
+        return RankEntry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

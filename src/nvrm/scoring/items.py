@@ -2,8 +2,10 @@
 
 - ``ScoreItem`` / ``ItemLike``: one (prompt, context, candidate), as a dataclass, a triple or a dict;
 - ``GroupLike``: (prompt, context, candidates), as a triple or a dict;
-- ``RankEntry``: a candidate's place in ``RewardModel.rank``;
-- ``bt_probability``: the Bradley-Terry preference probability of two rewards.
+- ``RankEntry``: a candidate's place in a ranking (``RewardModel.rank``, ``nvrm rank``, the HTML report),
+  and ``rank_rewards`` that builds the ranking;
+- ``sigmoid``: the package's one logistic function (the scorer, the reports and the judges use it);
+  ``bt_probability`` and ``p_top``: the Bradley-Terry probabilities of two rewards and of the best of many.
 """
 
 from __future__ import annotations
@@ -29,18 +31,21 @@ class ScoreItem:
 
 @dataclass(frozen=True)
 class RankEntry:
-    """One candidate's place in :meth:`RewardModel.rank` output."""
+    """One candidate's place in a ranking: :meth:`RewardModel.rank`, ``nvrm rank`` and the HTML report
+    (0.5 merged ``nvrm.report.ranking.Ranked`` into it; that name warns until 0.6)."""
 
     index: int
     """Position of the candidate in the input list."""
     rank: int
     """1 = best."""
-    result: ScoreResult
-
-    @property
-    def reward(self) -> float:
-        """The candidate's reward (the raw BF16 logit as a float)."""
-        return self.result.reward
+    reward: float
+    """The candidate's reward (the raw BF16 logit as a float)."""
+    p_best_over: float
+    """P(the top candidate preferred over this one); 0.5 for the top itself."""
+    p_top: float
+    """P(this candidate is chosen first among all): the softmax of the rewards."""
+    result: ScoreResult | None = None
+    """The whole score when the model ranked the candidates; None when ranked from bare rewards."""
 
 
 ItemLike = Union[ScoreItem, Sequence[Any], Mapping[str, Any]]
@@ -77,10 +82,34 @@ def as_group(group: GroupLike, k: int) -> tuple[str, Any, list[Any]]:
     return prompt, context, list(candidates)
 
 
-def bt_probability(r_a: float, r_b: float) -> float:
-    """Bradley-Terry P(a preferred over b) = sigmoid(r_a - r_b), stable for large differences."""
-    x = r_a - r_b
+def sigmoid(x: float) -> float:
+    """1 / (1 + e^-x), never overflowing: e^-x is only taken for x >= 0 and e^x only for x < 0 (NaN stays NaN)."""
     if x >= 0:
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
     return e / (1.0 + e)
+
+
+def bt_probability(r_a: float, r_b: float) -> float:
+    """Bradley-Terry P(a preferred over b) = sigmoid(r_a - r_b), stable for large differences."""
+    return sigmoid(r_a - r_b)
+
+
+def p_top(rewards: Sequence[float]) -> list[float]:
+    """P(each candidate is chosen first among all): softmax of rewards (Luce's choice rule,
+    the many-way form of Bradley-Terry)."""
+    m = max(rewards)
+    e = [math.exp(r - m) for r in rewards]
+    s = sum(e)
+    return [x / s for x in e]
+
+
+def rank_rewards(rewards: Sequence[float], results: Sequence[ScoreResult] | None = None) -> list[RankEntry]:
+    """Best first; equal rewards keep input order. ``results[i]``, when given, rides along in candidate i's entry."""
+    if not rewards:
+        return []
+    order = sorted(range(len(rewards)), key=lambda i: (-rewards[i], i))
+    top = rewards[order[0]]
+    pt = p_top(rewards)
+    return [RankEntry(i, k + 1, rewards[i], sigmoid(top - rewards[i]), pt[i], results[i] if results is not None else None)
+            for k, i in enumerate(order)]
