@@ -66,14 +66,15 @@ def make_items(n: int) -> list[tuple[str, Clip, Clip]]:
 
 
 class Server:
-    def __init__(self, bundle: Path, *extra: str, log_dir: Path):
+    def __init__(self, bundle: Path, *extra: str, log_dir: Path, env: dict | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / f"serve-{self.port}.log", "w")
-        self.proc = subprocess.Popen([*NVRM, "serve", "--model", str(bundle), "--port", str(self.port), "--max-queue-items", "4096", "--max-body-mb", "512", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([*NVRM, "serve", "--model", str(bundle), "--port", str(self.port), "--max-queue-items", "4096",
+                                      "--max-body-mb", "512", *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
         for _ in range(3000):
             try:
                 if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
@@ -81,7 +82,8 @@ class Server:
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None:
-                raise SystemExit(f"server exited: see {self.log.name}")
+                self.log.flush()
+                raise SystemExit(f"server exited: see {self.log.name}: " + Path(self.log.name).read_text()[-2000:])
             time.sleep(0.1)
         raise SystemExit("server did not start")
 
@@ -256,8 +258,37 @@ def random_vae(kind: str, folder: Path) -> Path:
     return folder
 
 
-def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int, int], group: int = 8, rounds: int = 3) -> dict:
-    """Enqueue -> pull for ``group`` B = 1 latent rollouts of one prompt against in-process decode + score_group."""
+def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float]:
+    """(seconds from the first enqueue to the last pull, summed decode seconds) of one group of B = 1 rollouts."""
+    group = len(bodies)
+    answers: list[dict] = [{}] * group
+
+    def one(i: int) -> None:
+        with httpx.Client(timeout=600) as c:
+            uuid = c.post(url + "/api/reward/enqueue", content=bodies[i], headers={"content-type": "application/octet-stream"}).json()["uuid"]
+            while True:
+                a = c.post(url + "/api/reward/pull", data={"uuid": uuid, "type": "nvrm"})
+                if a.status_code != 425:
+                    answers[i] = a.json()
+                    return
+                time.sleep(0.1)  # a poll every 0.1 s: faster polling would load this 2-core machine itself
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(group)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    took = time.perf_counter() - t
+    assert all(not a.get("errors") for a in answers), answers
+    return took, sum(float(a.get("decoded_duration", 0) or 0) for a in answers)
+
+
+def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int, int], group: int = 8, rounds: int = 3,
+                   against: str | None = None) -> dict:
+    """Enqueue -> pull for ``group`` B = 1 latent rollouts of one prompt against in-process decode + score_group.
+    With ``against`` (a source folder, e.g. an earlier commit's ``src``) a second server runs nvrm from there,
+    measured in the same rounds, the two servers' order alternating round by round."""
     import io
 
     from nvrm import RewardModel
@@ -280,56 +311,48 @@ def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int,
 
     model = RewardModel.from_pretrained(bundle)
     decoder = LatentDecoder(vae, model.device)
-    in_process, in_decode = [], []
-    for r in range(rounds + 1):
-        zs = latents(r)
+
+    def in_process(zs: list[np.ndarray]) -> tuple[float, float]:
         t = time.perf_counter()
         decoded = [decoder.decode(z) for z in zs]
         frames_ = [f[0] for f, _ in decoded]
         model.score_group(PROMPT, Clip(frames_[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames_])
-        if r:  # the first round warms up
-            in_process.append(time.perf_counter() - t)
-            in_decode.append(sum(d for _, d in decoded))
-    model.close()
-    del model, decoder
+        return time.perf_counter() - t, sum(d for _, d in decoded)
 
-    s = Server(bundle, "--latent-decoder", str(vae), log_dir=tmp)
-    service, decode_s = [], []
+    arms = {"in_process": None, "service": None, **({} if against is None else {"service_against": against})}
+    servers = {k: Server(bundle, "--latent-decoder", str(vae), log_dir=tmp, env=None if src is None else {**os.environ, "PYTHONPATH": src})
+               for k, src in arms.items() if k != "in_process"}
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    decode_s: dict[str, list[float]] = {k: [] for k in arms}
     try:
-        for r in range(rounds + 1):
-            bodies = [body(z) for z in latents(100 + r)]
-            uuids: list[str] = [""] * group
-            answers: list[dict] = [{}] * group
-
-            def one(i: int) -> None:
-                with httpx.Client(timeout=120) as c:
-                    uuids[i] = c.post(s.url + "/api/reward/enqueue", content=bodies[i], headers={"content-type": "application/octet-stream"}).json()["uuid"]
-                    while True:
-                        a = c.post(s.url + "/api/reward/pull", data={"uuid": uuids[i], "type": "nvrm"})
-                        if a.status_code != 425:
-                            answers[i] = a.json()
-                            return
-                        time.sleep(0.1)  # a poll every 0.1 s: faster polling would load this 2-core machine itself
-
-            t = time.perf_counter()
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(group)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            if r:
-                service.append(time.perf_counter() - t)
-                decode_s.append(sum(float(a.get("decoded_duration", 0) or 0) for a in answers))
-            assert all(not a.get("errors") for a in answers), answers
+        for r in range(rounds + 1):  # every arm in every round, the order rotating: the machine's load drifts
+            zs = latents(r)
+            bodies = [body(z) for z in zs]
+            names = list(arms)
+            for k in names[r % len(names):] + names[: r % len(names)]:
+                took, dec = in_process(zs) if k == "in_process" else cosmos_group(servers[k].url, bodies)
+                if r:  # the first round warms up
+                    times[k].append(took)
+                    decode_s[k].append(dec)
     finally:
-        s.stop()
-    return {
+        for s in servers.values():
+            s.stop()
+        model.close()
+    in_process_s = min(times["in_process"])
+    out = {
         "workload": f"{group} B=1 rollouts of one prompt: latents [1, 16, 21, {h}, {w}] (81 frames), {vae_kind} Wan2.1 VAE",
-        "enqueue_to_last_pull_s": min(service), "in_process_decode_plus_score_group_s": min(in_process),
-        "service_vs_in_process": min(in_process) / min(service),
-        "decode_share_service": min(decode_s) / min(service), "decode_share_in_process": min(in_decode) / min(in_process),
-        "runs": {"service": service, "in_process": in_process},
+        "enqueue_to_last_pull_s": min(times["service"]), "in_process_decode_plus_score_group_s": in_process_s,
+        "service_vs_in_process": in_process_s / min(times["service"]),
+        "decode_share_service": min(decode_s["service"]) / min(times["service"]),
+        "decode_share_in_process": min(decode_s["in_process"]) / in_process_s,
+        "runs": times,
     }
+    if against is not None:
+        out["against"] = against
+        out["against_enqueue_to_last_pull_s"] = min(times["service_against"])
+        out["against_vs_in_process"] = in_process_s / min(times["service_against"])
+        out["decode_share_against"] = min(decode_s["service_against"]) / min(times["service_against"])
+    return out
 
 
 def main() -> None:
@@ -346,6 +369,7 @@ def main() -> None:
     p.add_argument("--cosmos", action="store_true", help="also cosmos-rl's enqueue -> pull latency for a group of 8 latent rollouts")
     p.add_argument("--cosmos-rounds", type=int, default=3, help="timed rounds of --cosmos, each side (after one warm-up round)")
     p.add_argument("--cosmos-only", action="store_true", help="only cosmos-rl's path")
+    p.add_argument("--cosmos-against", metavar="SRC", help="also a --cosmos server running nvrm from SRC (PYTHONPATH), in the same rounds")
     p.add_argument("--vae", choices=["tiny", "wan"], default="tiny", help="random Wan2.1 VAE of --cosmos: small, or the real shape (GPU)")
     p.add_argument("--latent-size", default="8x12", help="latent h x w of --cosmos (60x104 is 480x832 video)")
     args = p.parse_args()
@@ -389,7 +413,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nvrm-serve-load-") as tmp:
         if args.cosmos or args.cosmos_only:
             hw = tuple(int(x) for x in args.latent_size.split("x"))
-            report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw, rounds=args.cosmos_rounds)  # type: ignore[arg-type]
+            report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw, rounds=args.cosmos_rounds,  # type: ignore[arg-type]
+                                            against=args.cosmos_against)
             print(json.dumps(report["cosmos"], indent=1), flush=True)
         if args.cosmos_only:
             args.shared_only, args.no_shared = True, True

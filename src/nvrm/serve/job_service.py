@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..clip import Clip
@@ -27,6 +28,9 @@ from .serving import Body, Reply, Serving
 
 ADMISSION_RETRY_S = 0.05
 """How often a job waiting for room in the scheduler's queue tries again (an accepted job is never dropped)."""
+DECODE_THREADS = 2
+"""Decodes in flight: one in the VAE (``LatentDecoder`` holds its lock only around that call), the next one's
+normalisation and frame conversion beside it; the event loop and the scorer go on throughout."""
 
 
 class JobService:
@@ -37,7 +41,7 @@ class JobService:
         c = serving.config
         self.store = JobStore(max_jobs=c.max_jobs, ttl_s=c.job_ttl_s, max_result_bytes=int(c.max_job_results_mb * 1024 * 1024))
         self.decoder = None
-        self._decode_lock = asyncio.Lock()
+        self._decode_pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="nvrm-decode")
         self.shared = None
         """The Redis store every replica answers (``--job-store redis://``; nvrm.serve.shared_jobs), else None."""
         if c.job_store != "memory":
@@ -175,8 +179,10 @@ class JobService:
         s, c = self.serving, self.serving.config
         decode_s = None
         if req.media == "latent":
-            async with self._decode_lock:  # one decode at a time: it fills the device (or every core)
-                frames, decode_s = await asyncio.to_thread(self.decoder.decode, req.array, req.sigma_data, req.refused)
+            # on its own threads, from whichever loop runs the job (the shared queue's worker has its own)
+            decode = self.decoder.decode
+            frames, decode_s = await asyncio.get_running_loop().run_in_executor(
+                self._decode_pool, lambda: decode(req.array, req.sigma_data, req.refused))
         else:
             frames = frames_view(req.array)
         items, errors = [], dict(req.refused)  # non-finite rollouts: never scored, named with the fallback

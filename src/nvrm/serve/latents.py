@@ -12,12 +12,14 @@ levels the way nvrm maps every float frame: ``round((x + 1) / 2 * 255)``.
 
 The decoder is a local folder (diffusers ``save_pretrained`` layout, safetensors) or a single
 ``Wan2.1_VAE.pth`` file through ``from_single_file``. It runs on the reward model's device, in
-bfloat16 on a GPU and float32 on the CPU, one request's samples in one batch. Needs the
+bfloat16 on a GPU and float32 on the CPU, one request's samples in one batch (rollouts of separate requests are
+not batched together: on the CPU a batch of 8 does not decode to the same frames, bit for bit, as 8 decodes of 1). Needs the
 ``nvrm[cosmos]`` extra (diffusers).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +112,9 @@ class LatentDecoder:
         self.path = str(path)
         self.base_dim = int(cfg.base_dim)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.vae.parameters())
+        self._vae_lock = threading.Lock()
+        """One VAE call at a time (it fills the device, or every core); a rollout's normalisation and its frames'
+        conversion run outside it, beside another's VAE call."""
 
     def peak_bytes(self, shape: tuple[int, ...]) -> int:
         """Host memory decoding latents of ``shape`` takes at its peak with this VAE (``decode_peak_bytes``)."""
@@ -128,7 +133,10 @@ class LatentDecoder:
         z = torch.from_numpy(np.array(latents, dtype=np.float32)) / sigma_data  # a copy: the body's bytes are read-only
         z = z * self.std + self.mean
         self._drop(z, given, "its latents are not finite once divided by sigma_data")
-        x = self.vae.decode(z.to(self.device, self.dtype)).sample  # [B, 3, T, H, W] in [-1, 1]
+        waited = time.perf_counter()
+        with self._vae_lock:  # the seconds returned leave out this wait for another rollout's VAE call
+            waited = time.perf_counter() - waited
+            x = self.vae.decode(z.to(self.device, self.dtype)).sample  # [B, 3, T, H, W] in [-1, 1]
         del z
         self._drop(x, given, "its decoded frames are not finite (the VAE overflowed)")
         x = x.float()  # in place from here on: no float copy of the whole video beside it
@@ -139,7 +147,7 @@ class LatentDecoder:
             torch.cuda.synchronize(self.device)
         if refused is None and given:
             raise InputError("latents", "; ".join(given[i] for i in sorted(given)))
-        return frames, time.perf_counter() - t
+        return frames, time.perf_counter() - t - waited
 
     @staticmethod
     def _drop(x: torch.Tensor, refused: dict[int, str], why: str) -> None:
