@@ -323,7 +323,8 @@ def test_verl_batch_function_is_found_by_name_and_settings_are_honoured(demo):
     out = fn(data_sources=["v"] * 3, solution_strs=[str(cands["smooth"]), "/no/such.mp4", str(cands["frozen"])],
              ground_truths=[None] * 3, extra_infos=[info, info, {"context_video": str(ctx)}])
     assert out[0]["nvrm_ok"] == 1.0 and out[0]["score"] == model.score(PROMPT, ctx, cands["smooth"]).reward
-    assert out[1] == {"score": -1.0, "nvrm_ok": 0.0, "nvrm_off_contract": 0.0}
+    assert out[0]["nvrm_revision"] == model.revision  # which revision scored the step (verl's reward_extra_info)
+    assert out[1] == {"score": -1.0, "nvrm_ok": 0.0, "nvrm_off_contract": 0.0, "nvrm_revision": ""}
     assert out[2]["nvrm_ok"] == 0.0  # no prompt: refused, never scored as an empty prompt
     with pytest.raises(ConfigError, match="unknown setting.*temperature"):
         load_like_verl("compute_score_batch", {"model": model_path(), "temperature": 0.7})(
