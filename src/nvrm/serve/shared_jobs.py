@@ -62,9 +62,14 @@ class _InlineContexts:
     """``serving`` as a submit parses a job with: a context named by ref is refused (409 ``context_unknown``; nvrm's
     client then sends it inline), because whichever replica takes the job may not hold it. The queued body is whole."""
 
-    def __init__(self, serving):
+    def __init__(self, serving, store: ContextStore | None = None):
         self._serving = serving
-        self.store = ContextStore(0, lambda hit: None)
+        self.store = store or ContextStore(0, lambda hit: None)
+
+    def for_payload(self, payload):
+        """With several served models, the one the job names parses it, still without this replica's contexts."""
+        pick = getattr(self._serving, "for_payload", None)
+        return self if pick is None else _InlineContexts(pick(payload), self.store)
 
     def __getattr__(self, name: str):
         return getattr(self._serving, name)
