@@ -112,11 +112,10 @@ def test_a_published_contract_beyond_sane_limits_is_refused_in_one_line():
     info = json.dumps({"contract": {"fields": c.to_dict(), "contract_fields_fingerprint": c.fingerprint, "fingerprint": "x", "sampling": {}}}).encode()
     server = RawServer(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(info), lambda: iter([info]))
     try:
-        client = RewardClient(server.url, timeout=60, retries=0)
         clip = Clip(np.zeros((40, 64, 64, 3), np.uint8), 8.0)
-        for call in (lambda: client.upload_context(clip), lambda: client.score("p", clip, clip)):
-            with pytest.raises(ServiceError) as e:
-                call()
+        for call in (lambda c: c.upload_context(clip), lambda c: c.score("p", clip, clip)):
+            with pytest.raises(ServiceError) as e:  # a client of its own each: the raw server answers one request per connection
+                call(RewardClient(server.url, timeout=60, retries=0))
             assert "publishes a contract beyond sane limits (sample_fps=1000000.0 > 60)" in str(e.value) and "\n" not in str(e.value)
     finally:
         server.close()

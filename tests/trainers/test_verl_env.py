@@ -106,6 +106,7 @@ def test_verl_legacy_batch_reward_manager_scores_through_compute_score_batch(ver
     assert out["types"]["data_sources"] == "ndarray" and out["types"]["extra_infos"] == "ndarray"  # what verl passes
     assert out["four"] == [[want[0], 0.0], [want[1], 0.0], [want[0], 0.0], [want[1], 0.0]]
     assert out["four_extra"]["score"] == [want[0], want[1], want[0], want[1]] and out["four_extra"]["nvrm_ok"] == [1.0] * 4
+    assert len(set(out["four_extra"]["nvrm_revision"])) == 1 and out["four_extra"]["nvrm_revision"][0]  # one revision scored the step
     assert out["one"] == [[want[1], 0.0]]
     assert "RewardFnError" in out["missing_prompt"] and "extra_info['prompt']" in out["missing_prompt"]
     assert out["mismatch"].startswith("ConfigError: compute_score_batch: 2 solution_strs but 1 extra_infos"), out["mismatch"]

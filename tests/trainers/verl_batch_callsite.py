@@ -54,7 +54,7 @@ except Exception as e:  # noqa: BLE001
     mismatch = f"{type(e).__name__}: {e}"
 emit(
     four=four["reward_tensor"].tolist(),
-    four_extra={k: [float(x) for x in v] for k, v in four["reward_extra_info"].items()},
+    four_extra={k: [x if k == "nvrm_revision" else float(x) for x in v] for k, v in four["reward_extra_info"].items()},
     one=one["reward_tensor"].tolist(),
     types=types,
     missing_prompt=missing,
