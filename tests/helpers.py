@@ -168,6 +168,9 @@ class Server:
         self.log.seek(0)
         return self.log.read()[-3000:]
 
+    STOP_WAIT_S = 30
+    """How long ``stop`` waits after SIGTERM before it kills."""
+
     def stop(self):
         import signal
         import subprocess
@@ -175,7 +178,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(self.STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
@@ -208,6 +211,8 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 class RayServer(Server):
     """``nvrm serve --ray`` in a subprocess on a free loopback port (a local Ray cluster), ready when constructed."""
 
+    STOP_WAIT_S = 60  # Ray Serve takes longer to shut down
+
     def __init__(self, bundle, *extra, env=None, timeout: float = 300):
         import subprocess
         import sys
@@ -236,15 +241,3 @@ class RayServer(Server):
         self.stop()
         raise AssertionError("ray serve did not become ready")
 
-    def stop(self):
-        """SIGTERM, then up to 60 s for Ray Serve to shut down."""
-        import signal
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
