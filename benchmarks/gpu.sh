@@ -80,6 +80,16 @@ timeout 150 "$PY" benchmarks/serve_load.py --arch "$ARCH" --cosmos-only --reques
   --cosmos-rounds "${COSMOS_ROUNDS:-1}" --json "$OUT/cosmos.json" >"$OUT/cosmos.txt" 2>>"$LOG"
 say "step cosmos: exit $?"
 
+# 5e. the vLLM backend beside nvrm's engine at G=8 and G=64 (candidates/s, MFU, float32 and bf16 drift on the same items).
+#     Needs a CUDA vLLM importable there: vllm 0.32.0's wheel alone is 311 MiB and pins torch==2.13.0 (+ flashinfer),
+#     so it cannot travel in the 64 MiB carry; the step runs where vLLM is installed and says why it skipped otherwise.
+if "$PY" -c "import vllm" >/dev/null 2>&1; then
+  step backend_parity 180 bench --workload backend-parity --arch "$ARCH" --G "${PARITY_GS:-8,64}" --n-groups 2 --size "$SIZE" --context-s 10 --fps 8
+else
+  say "step backend_parity skipped: vllm is not importable on this machine (pip install 'nvrm[vllm]'; see ../shared/notes/gpu.md)"
+  echo '{"skipped": "vllm not importable"}' >"$OUT/backend_parity.json"
+fi
+
 # 6. CUDA-only tests (pinned memory, attention choice, OOM split on the real allocator, fidelity on the device)
 say "step gpu tests"
 timeout 60 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1

@@ -45,7 +45,7 @@ from .protocol import ErrorCode, ItemError, ScoreResponse
 from .remote.bodies import Encoding, KnownRefs, RequestBody, plan
 from .remote.http import Transport
 from .remote.job_handle import RemoteJob
-from .results import ScoreResult
+from .results import ScoreResult, VllmScoreResult
 
 __all__ = ["RewardClient", "RemoteItemError", "RemoteJob", "ServiceError"]
 
@@ -188,8 +188,9 @@ class RewardClient:
                     raise err
                 out.append(err)
             else:
-                out.append(ScoreResult(r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract,
-                                       response.model.revision, tuple(r.off_contract)))
+                fields = (r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract,
+                          response.model.revision, tuple(r.off_contract))
+                out.append(VllmScoreResult(*fields, cached_tokens=r.cached_tokens or 0) if r.backend == "vllm" else ScoreResult(*fields))
         return out
 
     # ------------------------------------------------------------ API

@@ -141,6 +141,13 @@ class Unavailable(NvrmError):
         return (type(self), (self.source, self.reason, self.status, self.code))
 
 
+class BackendUnavailable(Unavailable):
+    """The scoring backend (a vLLM engine or server) failed or did not answer: HTTP 503, ``backend_unavailable``; the
+    service stays up and scores again once the backend is back."""
+
+    default_code = "BACKEND_UNAVAILABLE"
+
+
 class ShuttingDown(Unavailable):
     """The service is draining and takes no new work (HTTP 503, ``shutting_down``)."""
 

@@ -115,6 +115,7 @@ class ErrorCode(str, Enum):
     NOT_READY = "not_ready", 503
     SHUTTING_DOWN = "shutting_down", 503
     UNAVAILABLE = "unavailable", 503
+    BACKEND_UNAVAILABLE = "backend_unavailable", 503
     JOB_STORE_FULL = "job_store_full", 503
     JOB_STORE_UNAVAILABLE = "job_store_unavailable", 503
     TIMEOUT = "timeout", 504
@@ -165,6 +166,8 @@ class Score(BaseModel):
     context_times: list[float]
     candidate_times: list[float]
     off_contract: list[str] = Field(default_factory=list, description="why this reward is not the release contract's (opt-ins used); absent when it is")
+    backend: str | None = Field(None, description="'vllm' when vLLM computed it (never exact); absent for nvrm's engine")
+    cached_tokens: int | None = Field(None, description="vLLM backend: prompt tokens read from its prefix cache")
 
 
 class ItemError(BaseModel):

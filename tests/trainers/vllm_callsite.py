@@ -4,8 +4,9 @@
 argv: a job JSON written by the test: ``{"export", "bounds", "groups": [{"items": [{"prompt", "images", "ids"}]}]}``
 (``prompt``: the chat-rendered text with one image placeholder per frame; ``images``: PNG paths of the frames after
 nvrm's contract; ``ids``: nvrm's token ids). For each dtype one engine is started (the dtype is per engine), and
-every group is scored twice: with prefix caching sharing the context (the first candidate alone, then the rest,
-so the rest find its blocks), and with a salt per request, so nothing is shared. Prints one JSON line.
+every group is scored twice in the same batches (the first candidate alone, then the rest): with prefix caching
+sharing the context (the rest find the first's blocks), and with a salt per request, so nothing is shared (a batch
+of another make-up may be chunked differently, which is not what the comparison is about). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _run(job: dict, images: dict, dtype: str) -> dict:
         shared.append([o.outputs.probs[0] for o in outs])
         cached.append([int(getattr(o, "num_cached_tokens", -1) or 0) for o in outs])
         ids_equal &= all(list(o.prompt_token_ids) == item["ids"] for o, item in zip(outs, group["items"]))
-        outs = _score(llm, _prompts(group, images, job["bounds"], f"{dtype}-{g}"))
+        salted = _prompts(group, images, job["bounds"], f"{dtype}-{g}")  # the same batches as above, nothing shared
+        outs = _score(llm, salted[:1]) + _score(llm, salted[1:])
         alone.append([o.outputs.probs[0] for o in outs])
     scoring = time.perf_counter() - start
     del llm

@@ -207,3 +207,52 @@ def test_a_server_that_dies_is_a_503_with_a_reason(recorded, export_dir, clips):
         rm.forward = old
     assert e.value.status == 503 and "did not answer" in one_line(e) and "connection refused" in str(e.value)
     assert isinstance(out[0], Unavailable)
+
+
+def test_backend_parity_ranks_and_drift_are_computed_as_stated():
+    from nvrm.bench.backend_parity import compare, kendall_tau
+
+    assert kendall_tau([1, 2, 3], [1, 2, 3]) == (1.0, 1.0)
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == (-1.0, 0.0)
+    tau, alike = kendall_tau([1, 2, 3, 4], [1, 3, 2, 4])  # one of six pairs swapped
+    assert tau == pytest.approx(4 / 6) and alike == pytest.approx(5 / 6)
+    assert kendall_tau([1, 1], [1, 2]) == (0.0, 0.0)  # a tie is not an agreement
+    assert kendall_tau([5.0], [7.0]) == (1.0, 1.0)
+    out = compare([[1.0, 2.0], [4.0, -2.0]], [[1.5, 2.0], [4.0, -1.0]])
+    assert out["max_abs_diff"] == 1.0 and out["max_rel_diff"] == 0.5 and out["candidates"] == 4
+    assert out["kendall_tau"] == [1.0, 1.0] and out["min_pairs_alike"] == 1.0
+    with pytest.raises(ValueError):
+        compare([[1.0, 2.0]], [[1.0]])
+
+
+def test_an_in_process_engine_that_dies_is_a_503_then_restarts(monkeypatch):
+    """vLLM's engine failing mid-request: every slot a 503 with the reason, and the next request starts a new engine."""
+    from nvrm.errors import BackendUnavailable
+    from nvrm.forward.vllm_backend import InProcessVllm, VllmRequest
+
+    started = []
+
+    class LLM:
+        def __init__(self, export, **kwargs):
+            started.append(self)
+            self.calls = 0
+
+        def classify(self, prompts, **kwargs):
+            self.calls += 1
+            if len(started) == 1:
+                raise RuntimeError("EngineDeadError: the engine core died")
+            return [types.SimpleNamespace(outputs=types.SimpleNamespace(probs=[0.5 + k]), prompt_token_ids=[1, 2, 3], num_cached_tokens=k)
+                    for k, _ in enumerate(prompts)]
+
+    mod = types.ModuleType("vllm")
+    mod.LLM, mod.PoolingParams = LLM, lambda **kw: kw
+    mod.platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: True))
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    engine = InProcessVllm("/nowhere", dtype="float32", head_dtype="float32", bounds={}, max_images=2)
+    reqs = [VllmRequest("text", ()), VllmRequest("text", ())]
+    with pytest.raises(BackendUnavailable) as e:
+        engine.classify(reqs)
+    assert e.value.status == 503 and e.value.code == "backend_unavailable" and "engine core died" in one_line(e)
+    assert engine.llm is None
+    scores = engine.classify(reqs)  # a new engine
+    assert len(started) == 2 and [s.reward for s in scores] == [0.5, 0.5] and engine.llm is started[1]

@@ -6,9 +6,11 @@
 - ``vision``: the vision path before and after batching its attention;
 - ``grad``: the differentiable reward's forward + backward (with and without checkpointing) vs forward;
 - ``train``: training at 1 vs 2 processes, memory with a store vs in memory, store build rate;
-- ``train-step``: optimizer steps at the model's own shapes, checkpointing on vs off.
+- ``train-step``: optimizer steps at the model's own shapes, checkpointing on vs off;
+- ``backend-parity``: the vLLM backend vs nvrm's exact path: speed, float32 and bfloat16 drift, rank agreement.
 """
 
+from .backend_parity import format_backend_parity, run_backend_parity
 from .harness import clean_json
 from .preprocessing import format_engine, run_engine
 from .files import format_table, run_bench
@@ -17,8 +19,9 @@ from .rl import format_rl, run_rl
 from .training import format_train, format_train_step, run_train_bench, run_train_step
 from .vision_tower import format_vision, run_vision
 
-__all__ = ["run_bench", "format_table", "run_rl", "format_rl", "run_engine", "format_engine", "run_vision", "format_vision", "run_grad", "format_grad", "run_train_bench", "format_train",
-           "run_train_step", "format_train_step", "clean_json"]
+__all__ = ["run_bench", "format_table", "run_rl", "format_rl", "run_engine", "format_engine", "run_vision", "format_vision",
+           "run_grad", "format_grad", "run_train_bench", "format_train", "run_train_step", "format_train_step", "clean_json",
+           "run_backend_parity", "format_backend_parity"]
 
 
 # The fidelity oracle moved to nvrm.fidelity in 0.5. Its old paths keep working until 0.6, with a DeprecationWarning:

@@ -1,4 +1,4 @@
-"""``nvrm bench --workload files|rl|engine|vision|grad|train|train-step``: paths side by side in one run."""
+"""``nvrm bench --workload files|rl|engine|vision|grad|train|train-step|backend-parity``: paths side by side in one run."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm bench``: the workload, the random bundle size and the workload's own knobs."""
-    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step"], default="files",
+    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step", "backend-parity"], default="files",
                    help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "deep", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
@@ -50,6 +50,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     rl.add_argument("--frames", type=int, default=80, help="equal-size frames (vision); frames per candidate (grad, default 81)")
     rl.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the model (default: torch's)")
     rl.add_argument("--measure-peak", action="store_true", help="measure the device's bf16 matmul peak instead of the known figure")
+    bp = p.add_argument_group("backend-parity workload (also --G, --n-groups, --context-s, --fps, --size)")
+    bp.add_argument("--vllm-url", default=None, help="a vLLM server serving the bench bundle's export, instead of vLLM in this process")
+    bp.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes compared, each on its own engine")
     tr = p.add_argument_group("train and train-step workloads")
     tr.add_argument("--examples", type=int, default=8, help="synthetic examples of the small pairs file, 2 pairs each (train)")
     tr.add_argument("--factor", type=int, default=10, help="how many times larger the large pairs file is (train)")
@@ -105,6 +108,16 @@ def run(args: argparse.Namespace) -> int:
         size = (432, 768) if args.size == (480, 832) else args.size
         report = bench.run_train_step(args.arch, batch_pairs=args.batch_pairs, steps=args.steps, device=args.device, size=size)
         text = bench.format_train_step(report)
+    elif args.workload == "backend-parity":
+        dtypes = tuple(d for d in args.dtypes.split(",") if d)
+        if not dtypes or set(dtypes) - {"float32", "bfloat16", "float16"}:
+            raise InputError(f"--dtypes {args.dtypes}", "must name float32, bfloat16 or float16, comma-separated")
+        size = (64, 96) if args.size == (480, 832) else args.size
+        report = bench.run_backend_parity(args.arch, args.group_sizes if args.group_sizes != (8, 16) else (8,),
+                                          args.n_groups if args.n_groups != 8 else 4, args.context_s if args.context_s != 10.0 else 2.0,
+                                          args.fps, size, device=args.device, vllm_url=args.vllm_url, dtypes=dtypes,
+                                          measure_peak=args.measure_peak)
+        text = bench.format_backend_parity(report)
     else:
         report = bench.run_vision(args.arch, frames=args.frames, device=args.device)
         text = bench.format_vision(report)

@@ -10,7 +10,7 @@ from .model_flags import add_model_args, load_model
 
 def add_score_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm score``: model loading, the prompt, the context and one or more candidates."""
-    add_model_args(p)
+    add_model_args(p, backends=True)
     p.add_argument("--prompt", required=True, help="text prompt")
     p.add_argument("--context", required=True, help="preceding video (or image) file")
     p.add_argument("--candidate", required=True, help="candidate continuation video file (>= 5 s)")

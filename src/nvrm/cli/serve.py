@@ -16,7 +16,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     from .model_flags import add_model_args
     from .options import add_dataclass_args, add_ray_args
 
-    add_model_args(p, named=True)
+    add_model_args(p, named=True, backends=True)
     add_dataclass_args(p, ServeConfig, group="service")
     ray = add_ray_args(p, what="replicas on one machine or a cluster", replica="the same app as Ray Serve replicas")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs reserved per replica")
@@ -56,7 +56,7 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """``nvrm serve``: :func:`nvrm.serve.launch` over a background loader of ``--model`` (or Ray Serve with ``--ray``). Returns 0."""
-    from .model_flags import settings_from_args
+    from .model_flags import backend_kwargs, settings_from_args
 
     from ..serve.models import NamedModels, parse_model_specs
 
@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ray and config.watch:
         raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own (not supported yet)")
     args.model = specs[0][1]
+    backend = backend_kwargs(args)
+    if args.ray and backend["backend"] != "nvrm":
+        raise ConfigError("--backend vllm: Ray Serve replicas run nvrm's engine; serve vLLM with one nvrm serve per vLLM (or --vllm-url)")
     if args.ray:
         from ..serve.ray_serve import serve_on_ray
 
@@ -76,5 +79,5 @@ def run(args: argparse.Namespace) -> int:
     from ..scoring.reward_model import RewardModel
     from ..serve import launch
 
-    launch(NamedModels(specs, lambda where: RewardModel.from_pretrained(where, settings=settings)), config)
+    launch(NamedModels(specs, lambda where: RewardModel.from_pretrained(where, settings=settings, **backend)), config)
     return 0

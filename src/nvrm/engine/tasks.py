@@ -29,6 +29,8 @@ class PreparedItem:
     context: PreparedVideo
     candidate: PreparedVideo
     encoded: Encoded = field(repr=False)
+    prompt: str = ""
+    """The prompt the text was built from (what a backend that renders its own text needs)."""
 
 
 def encode_video(state: WorkerState, video: PreparedVideo) -> PreparedVideo:
@@ -61,7 +63,7 @@ def item_job(state: WorkerState, prompt: str, context: Any, candidate: Any) -> P
     enc = encode_item(
         state.processor, state.rope, prompt, (ctx.pixels, ctx.grid), (cand.pixels, cand.grid), state.contract, state.codec
     )
-    return PreparedItem(ctx, cand, enc)
+    return PreparedItem(ctx, cand, enc, prompt)
 
 
 def group_job(state: WorkerState, prompt: str, context: PreparedVideo, candidates: Sequence[PreparedVideo]) -> GroupEncoded:

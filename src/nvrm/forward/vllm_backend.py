@@ -22,7 +22,7 @@ import io
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..errors import BackendError, Unavailable
+from ..errors import BackendError, BackendUnavailable
 
 INSTALL_HINT = "pip install 'nvrm[vllm]'"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -39,6 +39,8 @@ class VllmRequest:
     images: tuple[Any, ...]
     messages: tuple[dict, ...] = ()
     """The chat messages ``text`` was rendered from (an image part per frame): what a server renders itself."""
+    salt: str | None = None
+    """vLLM's ``cache_salt``: requests with different salts share no prefix-cache blocks (prefix caching off, per request)."""
 
 
 @dataclass(frozen=True)
@@ -109,15 +111,24 @@ class InProcessVllm:
                       enforce_eager=True, enable_prefix_caching=True, max_model_len=4096, max_num_seqs=8,
                       limit_mm_per_prompt={"image": max_images}, mm_processor_kwargs=self.bounds, seed=0)
         kwargs.update(options or {})
+        self.export, self.kwargs = str(export), kwargs
+        self.llm = self._start(restart=False)
+
+    def _start(self, *, restart: bool):
+        """A new ``vllm.LLM`` over the export: at load (a ``BackendError`` if it cannot start) and after the engine
+        died (a 503, ``BackendUnavailable``, so the service answers and tries again on the next request)."""
+        vllm = import_vllm()
         try:
-            self.llm = vllm.LLM(str(export), **kwargs)
+            return vllm.LLM(self.export, **self.kwargs)
         except Exception as e:  # noqa: BLE001 - vLLM's start-up failures are many and deep: one line with the reason
-            raise BackendError(f"{export}: vLLM could not start ({_reason(e)})") from e
+            why = f"{self.export}: vLLM could not start ({_reason(e)})"
+            raise (BackendUnavailable("vLLM", why) if restart else BackendError(why)) from e
 
     def _classify(self, requests: Sequence[VllmRequest]) -> list[VllmScore]:
         from vllm import PoolingParams
 
-        prompts = [{"prompt": r.text, "multi_modal_data": {"image": list(r.images)}, "mm_processor_kwargs": self.bounds} for r in requests]
+        prompts = [{"prompt": r.text, "multi_modal_data": {"image": list(r.images)}, "mm_processor_kwargs": self.bounds,
+                    **({"cache_salt": r.salt} if r.salt else {})} for r in requests]
         outs = self.llm.classify(prompts, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
         return [VllmScore(float(o.outputs.probs[0]), len(o.prompt_token_ids), int(getattr(o, "num_cached_tokens", 0) or 0),
                           tuple(o.prompt_token_ids)) for o in outs]
@@ -127,12 +138,15 @@ class InProcessVllm:
         its context in the prefix cache (requests in one step cannot share blocks not yet computed)."""
         if not requests:
             return []
+        if self.llm is None:  # the engine died on an earlier request: start a new one (a 503 again if it cannot)
+            self.llm = self._start(restart=True)
         try:
             return self._classify(requests[:1]) + self._classify(requests[1:]) if len(requests) > 1 else self._classify(requests)
         except (ValueError, TypeError) as e:  # vLLM's own refusal of an input (too long, too many images)
             raise BackendError(f"vLLM refused the request: {_reason(e)}") from e
-        except Exception as e:  # noqa: BLE001 - the engine died: no result can be trusted
-            raise Unavailable("vLLM", f"the in-process engine failed ({_reason(e)})", status=503) from e
+        except Exception as e:  # noqa: BLE001 - the engine died: no result can be trusted, and the next request restarts it
+            self.llm = None
+            raise BackendUnavailable("vLLM", f"the in-process engine failed ({_reason(e)}); it restarts on the next request") from e
 
     def close(self) -> None:
         """Let the engine go (vLLM frees its memory when the object is collected)."""
@@ -195,27 +209,29 @@ class HttpVllm:
         try:
             resp = self.client.request(method, self.url + route, **kw)
         except httpx.HTTPError as e:
-            raise Unavailable("vLLM", f"{self.url} did not answer ({_reason(e)})", status=503) from e
+            raise BackendUnavailable("vLLM", f"{self.url} did not answer ({_reason(e)})") from e
         if resp.status_code >= 500:
-            raise Unavailable("vLLM", f"{self.url}{route} answered {resp.status_code} ({_reason(Exception(resp.text))})", status=503)
+            raise BackendUnavailable("vLLM", f"{self.url}{route} answered {resp.status_code} ({_reason(Exception(resp.text))})")
         if resp.status_code >= 400:
             raise BackendError(f"vLLM at {self.url} refused the request: {resp.status_code} {_reason(Exception(resp.text))}")
         try:
             return resp.json()
         except ValueError as e:
-            raise Unavailable("vLLM", f"{self.url}{route} answered something that is not JSON", status=503) from e
+            raise BackendUnavailable("vLLM", f"{self.url}{route} answered something that is not JSON") from e
 
     def _get(self, route: str) -> dict:
         return self._call("GET", route)
 
     def _one(self, request: VllmRequest) -> VllmScore:
         body = {"model": self.model, "messages": chat_parts(request.messages, request.images), "add_generation_prompt": True,
-                "chat_template_kwargs": self.chat_kwargs, "mm_processor_kwargs": self.bounds, "use_activation": False}
+                "chat_template_kwargs": self.chat_kwargs, "mm_processor_kwargs": self.bounds, "use_activation": False,
+                **({"cache_salt": request.salt} if request.salt else {})}
         out = self._call("POST", "/classify", json=body)
         try:
-            return VllmScore(float(out["data"][0]["probs"][0]), int(out["usage"]["prompt_tokens"]))
+            details = out["usage"].get("prompt_tokens_details") or {}
+            return VllmScore(float(out["data"][0]["probs"][0]), int(out["usage"]["prompt_tokens"]), int(details.get("cached_tokens") or 0))
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise Unavailable("vLLM", f"{self.url}/classify answered without a score ({_reason(e)})", status=503) from e
+            raise BackendUnavailable("vLLM", f"{self.url}/classify answered without a score ({_reason(e)})") from e
 
     def classify(self, requests: Sequence[VllmRequest]) -> list[VllmScore]:
         """One score per request: the first alone, then the rest, so they find the context in the server's prefix cache."""

@@ -12,9 +12,11 @@ and there are no gradients (``differentiable()`` is refused: the differentiable 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -24,21 +26,16 @@ from ..engine import Engine
 from ..engine.chat import build_messages, check_prompt, images_kwargs, render
 from ..errors import BackendError, InternalError, NvrmError
 from ..forward.vllm_backend import HttpVllm, InProcessVllm, VllmRequest, check_head_dim, import_vllm, vllm_is_cpu
-from ..results import ScoreResult
+from ..results import ScoreResult, VllmScoreResult
 from ..settings import LoadSettings
 from .items import Errors, GroupLike, ItemLike, as_group, as_item
 from .loading import head_dtype_for
 from .streaming import ResultMaker
 
+_SALTS = itertools.count()
+VLLM_HANDOVER_TOKENS = 1 << 20
+"""Key positions the service's scheduler hands vLLM at once when ``max_batch_tokens`` is unset (vLLM pages the rest)."""
 NOT_EXACT = "exact=True: the vLLM backend is never exact (its kernels are not nvrm's); score exactly with backend='nvrm'"
-
-
-@dataclass(frozen=True)
-class VllmScoreResult(ScoreResult):
-    """A ``ScoreResult`` computed by vLLM: ``backend`` says so, and it is never exact."""
-
-    backend: str = "vllm"
-    exact: bool = False
 
 
 def cache_root() -> Path:
@@ -156,9 +153,30 @@ class VllmRewardModel:
 
     def _result(self, context, candidate, score) -> "VllmScoreResult | NvrmError":
         r = self.results(context, candidate, score.num_tokens, score.reward)
-        return r if isinstance(r, NvrmError) else VllmScoreResult(**{f.name: getattr(r, f.name) for f in fields(ScoreResult)})
+        return r if isinstance(r, NvrmError) else VllmScoreResult(**{f.name: getattr(r, f.name) for f in fields(ScoreResult)},
+                                                                  cached_tokens=score.cached_tokens)
 
-    def _group(self, prompt, context, candidates: Sequence[Any], errors: Errors) -> list[Any]:
+    def _request(self, prompt: str, ctx, cand) -> VllmRequest:
+        """What vLLM scores for one prepared (context, candidate): the rendered chat text and the contract's frames."""
+        n_ctx, n_cand = len(ctx.images), len(cand.images)
+        return VllmRequest(render(self.processor, prompt, n_ctx, n_cand, self.contract), (*ctx.images, *cand.images),
+                           tuple(build_messages(prompt, n_ctx, n_cand, self.contract)))
+
+    def _classified(self, pairs: Sequence[tuple[str, Any, Any]], errors: Errors, salt: str | None = None) -> list[Any]:
+        """Results for prepared (prompt, context, candidate) triples, in order: vLLM's failure fills every slot (or raises).
+        With ``salt`` each request gets a cache salt of its own, so none shares another's prefix-cache blocks."""
+        requests = [self._request(*p) for p in pairs]
+        if salt is not None:
+            requests = [dataclasses.replace(r, salt=f"{salt}-{k}") for k, r in enumerate(requests)]
+        try:
+            scores: list[Any] = self.forward.classify(requests) if requests else []
+        except NvrmError as e:
+            if errors == "raise":
+                raise
+            scores = [e] * len(pairs)
+        return [s if isinstance(s, NvrmError) else self._result(ctx, cand, s) for (_, ctx, cand), s in zip(pairs, scores)]
+
+    def _group(self, prompt, context, candidates: Sequence[Any], errors: Errors, share_prefix: bool = True) -> list[Any]:
         """One group: context prepared once, candidates each (bad ones fail their slots), the good ones to vLLM together."""
         check_prompt(self.processor, prompt, self.limits)
         self.limits.check_group(len(candidates))
@@ -173,21 +191,50 @@ class VllmRewardModel:
                 if errors == "raise":
                     raise
                 out[j] = e
-        requests = [VllmRequest(render(self.processor, prompt, len(ctx.images), len(c.images), self.contract), (*ctx.images, *c.images),
-                                tuple(build_messages(prompt, len(ctx.images), len(c.images), self.contract))) for _, c in good]
-        try:
-            scores = self.forward.classify(requests)
-        except NvrmError as e:
-            if errors == "raise":
-                raise
-            scores = [e] * len(good)
-        for (j, cand), s in zip(good, scores):
-            out[j] = s if isinstance(s, NvrmError) else self._result(ctx, cand, s)
+        salt = None if share_prefix else f"nvrm-unshared-{next(_SALTS)}"
+        for (j, _), r in zip(good, self._classified([(prompt, ctx, c) for _, c in good], errors, salt)):
+            out[j] = r
         if errors == "raise":
             first = next((r for r in out if isinstance(r, NvrmError)), None)
             if first is not None:
                 raise first
         return out
+
+    # ------------------------------------------------------------ what nvrm serve's scheduler calls (nvrm.serve.execution)
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """The scheduler's budget per hand-over: vLLM batches and pages by itself, so only nvrm's setting bounds it."""
+        return self.settings.max_batch_tokens or VLLM_HANDOVER_TOKENS
+
+    @property
+    def device(self):
+        """Where the service's latent decoder runs: the GPU vLLM uses, else the CPU."""
+        import torch
+
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def score_prepared_each(self, prepared: Sequence[Any], *, exact: bool | None = None) -> list[Any]:
+        """One result or error per item the engine prepared, in order (items of one context stay together for vLLM)."""
+        if exact:
+            return [BackendError(NOT_EXACT)] * len(prepared)
+        return self._classified([(p.prompt, p.context, p.candidate) for p in prepared], "return")
+
+    def score_prepared_group(self, group, *, exact: bool | None = None) -> list[Any]:
+        """One result per candidate slot of a group the engine prepared; a failed context or prompt fills every slot."""
+        if exact:
+            return [BackendError(NOT_EXACT)] * len(group.candidates)
+        if isinstance(group.context, NvrmError) or group.error is not None:
+            return [group.context if isinstance(group.context, NvrmError) else group.error] * len(group.candidates)
+        out: list[Any] = list(group.candidates)
+        good = [j for j, c in enumerate(group.candidates) if not isinstance(c, NvrmError)]
+        for j, r in zip(good, self._classified([(group.prompt, group.context, group.candidates[j]) for j in good], "return")):
+            out[j] = r
+        return out
+
+    def score_prepared_group_reusing(self, group, prefix) -> tuple[list[Any], None]:
+        """``score_prepared_group``; vLLM keeps the context's prefix itself (its prefix cache), so none is handed back."""
+        return self.score_prepared_group(group), None
 
     @property
     def limits(self):
@@ -199,10 +246,11 @@ class VllmRewardModel:
         return self._group(prompt, context, [candidate], "raise")[0]
 
     def score_group(self, prompt: str, context, candidates: Sequence[Any], *, errors: Errors = "raise",
-                    exact: bool | None = None) -> list[Any]:
-        """Rewards for G candidates sharing one prompt and context, sent to vLLM as one group (a bad context raises)."""
+                    exact: bool | None = None, share_prefix: bool = True) -> list[Any]:
+        """Rewards for G candidates sharing one prompt and context, sent to vLLM as one group (a bad context raises).
+        ``share_prefix=False`` gives every candidate its own cache salt: vLLM's prefix caching off for this call."""
         self._not_exact(exact)
-        return self._group(prompt, context, candidates, errors)
+        return self._group(prompt, context, candidates, errors, share_prefix)
 
     def score_groups(self, groups: Iterable[GroupLike], *, errors: Errors = "return", exact: bool | None = None,
                      lookahead: int | None = None) -> Iterator[list[Any]]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from ..errors import InputError, RequestError, ShuttingDown
+from ..errors import BackendUnavailable, InputError, RequestError, ShuttingDown
 from ..protocol import INPUT_CODES, ErrorCode, error_body
 from ..results import item_dict
 from .budget import ByteBudget
@@ -260,5 +260,7 @@ class Serving:
         for r in results:  # the whole request was refused while it waited (shutdown)
             if isinstance(r, ShuttingDown):
                 return Reply.error(r.code, str(r), {"Retry-After": "1"}, status=r.status)
+        if results and all(isinstance(r, BackendUnavailable) for r in results):  # the backend (vLLM) is down: nothing was scored
+            return Reply.error(results[0].code, str(results[0]), {"Retry-After": "5"}, status=results[0].status)
         record_capture.offer_work(self.recorder, work, results, scheduler.model)  # type: ignore[union-attr]
         return results
