@@ -29,9 +29,10 @@ export NVRM_TEST_ENVS ?= $(HOME)/.cache/nvrm/test-envs
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
-# The fast tier: ruff, then the unit tests and the integration tests not marked slow.
+# The fast tier: ruff, then the unit tests and the integration tests not marked slow (no hypothesis test is
+# among them, so its plugin, seconds of start-up, is not loaded).
 check: $(STAMP) lint
-	$(VENV)/bin/python -m pytest -q -m 'not slow and not fuzz' tests/unit tests/integration $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -p no:hypothesispytest -m 'not slow and not fuzz' tests/unit tests/integration $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

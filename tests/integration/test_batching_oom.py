@@ -8,6 +8,7 @@ from nvrm import Clip
 from nvrm.synth.clips import moving_square
 
 
+@pytest.mark.slow
 def test_oom_batch_is_split_and_retried(model, monkeypatch):
     items = [("p", Clip(moving_square(8, 64, 80, seed=i), fps=2), Clip(moving_square(12, 64, 80, seed=9 + i), fps=2)) for i in range(5)]
     expected = [r.reward for r in model.score_batch(items)]

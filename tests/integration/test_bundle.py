@@ -198,7 +198,8 @@ def test_digest_cache_is_not_fooled_by_a_restored_mtime(tmp_path, tiny_bundle):
         RewardModel.from_pretrained(b, device="cpu")
 
 
-@pytest.mark.parametrize("extra", ["chat_template.json", "chat_templates/extra.jinja", "additional_chat_templates/default.jinja", "nvrm_contract.json", "processor_config.json", "tokenizer.model"])
+@pytest.mark.parametrize("extra", ["chat_template.json", "chat_templates/extra.jinja", "additional_chat_templates/default.jinja",
+                                   "nvrm_contract.json", "processor_config.json", "tokenizer.model"])
 def test_unlisted_files_that_change_scoring_are_refused_when_verifying(tmp_path, tiny_bundle, extra):
     b = _copy(tiny_bundle, tmp_path)
     assert not (b / extra).exists()

@@ -8,16 +8,14 @@ import pytest
 
 from helpers import BATCH_ULPS, GROUP_ULPS, ulps
 from nvrm import Clip, RewardModel
-from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 
 SIZES = [(96, 128), (64, 80), (120, 90), (200, 48), (64, 80)]
 
 
 @pytest.fixture(scope="module")
-def deep(tmp_path_factory):
-    path = build_tiny_bundle(tmp_path_factory.mktemp("deep") / "deep36", ArchSpec.from_name("deep"), revision="deep-36")
-    m = RewardModel.from_pretrained(path, device="cpu")
+def deep(deep_bundle):
+    m = RewardModel.from_pretrained(deep_bundle, device="cpu")
     yield m
     m.close()
 

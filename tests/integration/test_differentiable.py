@@ -10,7 +10,6 @@ import torch
 from nvrm import Clip, RewardModel
 from nvrm.scoring.differentiable import quantize
 from nvrm.errors import InputError
-from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 
 CTX = Clip(moving_square(3, 64, 96, seed=1), fps=1)
@@ -28,6 +27,7 @@ def scored(model, x: torch.Tensor, fps: float) -> list[float]:
     return [model.score("p", CTX, Clip(u8[b], fps=fps)).reward for b in range(len(u8))]
 
 
+@pytest.mark.slow
 def test_the_forward_value_is_score_bit_for_bit(model):
     x = videos(3, t=11, h=70, w=90) * 1.1 - 0.05  # values outside [0, 1] are clamped, as the adapters do
     rewards = model.differentiable()("p", CTX, x.requires_grad_(), fps=2)
@@ -37,9 +37,9 @@ def test_the_forward_value_is_score_bit_for_bit(model):
     assert one.tolist() == scored(model, x[:1], 2)
 
 
-def test_at_the_release_depth_too(tmp_path):
-    path = build_tiny_bundle(tmp_path / "deep36", ArchSpec.from_name("deep"), revision="deep-36")
-    with RewardModel.from_pretrained(path, device="cpu") as deep:
+@pytest.mark.slow
+def test_at_the_release_depth_too(deep_bundle):
+    with RewardModel.from_pretrained(deep_bundle, device="cpu") as deep:
         x = videos(2, t=6, h=48, w=64)
         assert deep.differentiable()("p", CTX, x, fps=1).tolist() == scored(deep, x, 1)
 
@@ -57,6 +57,7 @@ def test_gradients_reach_the_sampled_frames_only_and_the_weights_not_at_all(mode
     assert all(torch.equal(v, weights[k]) for k, v in model.backbone.state_dict().items())
 
 
+@pytest.mark.slow
 def test_checkpointing_changes_memory_not_gradients(model):
     grads = []
     for on in (True, False):
@@ -148,7 +149,8 @@ def test_refl_reward_groups_items_and_keeps_the_graph(model):
     fn = refl_reward(model, fps=2)
     rewards = fn(x, ["p", "q", "p", "q"], [CTX, other, CTX, other])
     assert rewards.shape == (4,) and rewards.requires_grad
-    want = [model.score(p, c, Clip(quantize(x[i]).permute(0, 2, 3, 1).numpy(), fps=2)).reward for i, (p, c) in enumerate([("p", CTX), ("q", other), ("p", CTX), ("q", other)])]
+    pairs = [("p", CTX), ("q", other), ("p", CTX), ("q", other)]
+    want = [model.score(p, c, Clip(quantize(x[i]).permute(0, 2, 3, 1).numpy(), fps=2)).reward for i, (p, c) in enumerate(pairs)]
     assert rewards.tolist() == want
     (-rewards.mean()).backward()  # a ReFL loss
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0

@@ -76,7 +76,7 @@ def test_workers_prepare_exactly_what_inline_prepares(engines, kind):
         assert torch.equal(getattr(item.encoded, name), getattr(want.encoded, name)), name
 
 
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", ["thread", pytest.param("process", marks=pytest.mark.slow)])  # process: workers start (~20 s)
 def test_group_errors_stay_in_their_slots(engines, kind):
     engine = engines[kind]
     group = engine.prepare_group("p", CTX, [CANDS[0], SHORT, "/nonexistent.mp4", CANDS[2]])

@@ -33,8 +33,10 @@ GOLDEN = Path(__file__).parent.parent / "data" / "golden.json"
 def _items(tmp: Path):
     h264 = write_video(tmp / "golden.mp4", moving_square(56, 120, 160, seed=31, speed=4), 8, options={"threads": "1"})
     return {
-        "clips_4fps": ("A red square glides across a tiled floor.", Clip(moving_square(40, 96, 128, seed=1), fps=4), Clip(moving_square(24, 96, 128, seed=2), fps=4)),
-        "one_frame_context_unicode": ("Straße bei Nacht — 夜の街 🚶", [moving_square(1, 144, 176, seed=3)[0]], Clip(moving_square(60, 144, 176, seed=4), fps=10)),
+        "clips_4fps": ("A red square glides across a tiled floor.",
+                       Clip(moving_square(40, 96, 128, seed=1), fps=4), Clip(moving_square(24, 96, 128, seed=2), fps=4)),
+        "one_frame_context_unicode": ("Straße bei Nacht — 夜の街 🚶",
+                                      [moving_square(1, 144, 176, seed=3)[0]], Clip(moving_square(60, 144, 176, seed=4), fps=10)),
         "h264_file": ("A camera moves forward.", h264, h264),
     }
 

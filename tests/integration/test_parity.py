@@ -54,6 +54,7 @@ def test_processor_gets_contract_pixel_bounds(model):
     assert default["image_grid_thw"][0].tolist() == [1, 6, 60]
 
 
+@pytest.mark.slow
 def test_packed_batch_equals_single(model):
     """Packed batches (nvrm.forward.model) run every row's attention alone: on the CPU, bit-identical to score."""
     items = [(f"prompt {i}", Clip(moving_square(4 * t, *size, seed=10 + i), fps=4), Clip(moving_square(24, *size, seed=20 + i, speed=5), fps=4))

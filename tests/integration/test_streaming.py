@@ -22,6 +22,7 @@ def test_score_groups_equals_score_group_in_order(model):
     assert got == want
 
 
+@pytest.mark.slow
 def test_look_ahead_is_bounded(model):
     pulled = []
 
@@ -49,6 +50,7 @@ def test_errors_stay_in_their_group_and_slot(model):
         list(model.score_groups(stream, errors="raise"))
 
 
+@pytest.mark.slow
 def test_exact_mode_is_bit_identical_to_score(model):
     items = [("p", CTXS[0], c) for c in CANDS[:3]] + [("q", CTXS[1], CANDS[3])]
     single = [model.score(*it).reward for it in items]
@@ -104,6 +106,7 @@ def test_close_and_context_manager(tiny_bundle):
         m.score_group("p", CTXS[0], CANDS[:2])  # every path, not just score
 
 
+@pytest.mark.slow
 def test_a_big_group_lets_each_scored_chunk_go(tiny_bundle):
     """Memory flat in the group size: a scored chunk's prepared frames are freed at once (no reference
     cycle through the futures, which only a full garbage collection would break), with gc off."""
@@ -133,6 +136,7 @@ def test_a_big_group_lets_each_scored_chunk_go(tiny_bundle):
         assert all(ref() is None for chunk in seen[:3] for ref in chunk)  # only what is still referenced lives on
 
 
+@pytest.mark.slow
 def test_a_chunk_that_fails_unexpectedly_fails_only_its_candidates(tiny_bundle, monkeypatch):
     clips = [Clip(moving_square(5, 64, 96, seed=60 + i), fps=1) for i in range(6)]
     with RewardModel.from_pretrained(tiny_bundle, device="cpu", group_chunk=2) as m:

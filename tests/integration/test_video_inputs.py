@@ -25,15 +25,28 @@ FORMATS = {
 }
 
 
+class _FormatClips(dict):
+    """{format name: encoded clip}, each written the first time a test asks for it: the fast tier uses a few, and
+    the 4K one takes seconds to encode."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, name):
+        if name == "vfr":
+            times = np.cumsum([0.0] + [0.1 if i % 2 else 0.2 for i in range(59)])  # variable frame rate, ~9 s
+            path = write_video(self.folder / "vfr.mkv", moving_square(60, 96, 128, seed=9), 8, times=times)
+        else:
+            fkw, fps, secs, wkw, suffix = FORMATS[name]
+            path = write_video(self.folder / f"{name}{suffix}", moving_square(fps * secs, **fkw, seed=len(name)), fps, **wkw)
+        self[name] = path
+        return path
+
+
 @pytest.fixture(scope="module")
 def format_clips(tmp_path_factory):
-    d = tmp_path_factory.mktemp("formats")
-    out = {}
-    for name, (fkw, fps, secs, wkw, suffix) in FORMATS.items():
-        out[name] = write_video(d / f"{name}{suffix}", moving_square(fps * secs, **fkw, seed=len(name)), fps, **wkw)
-    times = np.cumsum([0.0] + [0.1 if i % 2 else 0.2 for i in range(59)])  # variable frame rate, ~9 s
-    out["vfr"] = write_video(d / "vfr.mkv", moving_square(60, 96, 128, seed=9), 8, times=times)
-    return out
+    return _FormatClips(tmp_path_factory.mktemp("formats"))
 
 
 @pytest.mark.slow

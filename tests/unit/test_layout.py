@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -46,11 +47,14 @@ def _is_module(name: str) -> bool:
 
 
 def graph() -> dict[str, set[str]]:
+    """Module -> the nvrm modules it imports (a fresh copy: the tree is parsed once a run, not once a test)."""
+    return {name: set(targets) for name, targets in _graph().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _graph() -> dict[str, frozenset[str]]:
     modules = {module_name(p): p for p in SRC.rglob("*.py")}
-    g = {}
-    for name, path in modules.items():
-        g[name] = {t for t in imports(path) if t in modules and t != name}
-    return g
+    return {name: frozenset(t for t in imports(path) if t in modules and t != name) for name, path in modules.items()}
 
 
 def test_no_import_circles():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import struct
@@ -136,13 +137,10 @@ def test_the_fidelity_oracle_lives_in_nvrm_fidelity():
 OLD = {"nvrm.bench.reference": "nvrm.fidelity.reference", "nvrm.bench.numerics": "nvrm.fidelity.numerics"}
 
 
-@pytest.mark.parametrize("old", sorted(OLD))
-def test_the_old_oracle_paths_import_with_a_warning(old):
-    """``from nvrm.bench.numerics import X``, ``import nvrm.bench.numerics`` and ``from nvrm.bench import numerics``
-    all give the moved module, each with a DeprecationWarning; run in a fresh interpreter so nothing is cached."""
+def _old_path_check(old: str) -> str:
+    """The body of a function that checks one old path (its three import forms warn, then give the moved module)."""
     leaf = old.rsplit(".", 1)[1]
-    code = "\n".join([
-        "import importlib, warnings",
+    return "\n".join("    " + line for line in [
         "warnings.simplefilter('error', DeprecationWarning)",
         f"new = importlib.import_module({OLD[old]!r})",
         "for stmt in (",
@@ -157,10 +155,27 @@ def test_the_old_oracle_paths_import_with_a_warning(old):
         "import nvrm.bench",
         f"ns = {{}}; exec('import {old} as m', ns); assert ns['m'] is new",
         f"assert getattr(nvrm.bench, {leaf!r}) is new",
-        "print('ok')",
     ])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh_interpreter() -> dict[str, str]:
+    """Every old path checked in one fresh interpreter (importing ``nvrm.bench`` takes seconds): {old path: "ok" or
+    what failed}. The paths are distinct modules, so one check caches nothing another reads."""
+    code = ["import importlib, traceback, warnings"]
+    for i, old in enumerate(sorted(OLD)):
+        code += [f"def check_{i}():", _old_path_check(old), "try:", f"    check_{i}()", f"    print({old!r}, 'ok')",
+                 "except BaseException as e:", f"    print({old!r}, repr(traceback.format_exception(e)[-3:]))"]
+    out = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0] in OLD)
+
+
+@pytest.mark.parametrize("old", sorted(OLD))
+def test_the_old_oracle_paths_import_with_a_warning(old):
+    """``from nvrm.bench.numerics import X``, ``import nvrm.bench.numerics`` and ``from nvrm.bench import numerics``
+    all give the moved module, each with a DeprecationWarning; run in a fresh interpreter so nothing is cached."""
+    assert _fresh_interpreter().get(old) == "ok", _fresh_interpreter().get(old, "not checked")
 
 
 def test_nothing_in_the_tree_imports_the_old_oracle_paths():

@@ -93,7 +93,8 @@ def surrogate_error(scorer, frames: torch.Tensor, fps: float) -> dict[str, float
     return {"max": worst, "mean": total / max(n, 1)}
 
 
-def run_grad(arch: str = "mid", G: int = 4, frames: int = 81, fps: float = 16.0, size: tuple[int, int] = (240, 416), context_s: float = 4.0, device: str | None = None, repeats: int = 3) -> dict[str, Any]:
+def run_grad(arch: str = "mid", G: int = 4, frames: int = 81, fps: float = 16.0, size: tuple[int, int] = (240, 416),
+             context_s: float = 4.0, device: str | None = None, repeats: int = 3) -> dict[str, Any]:
     from ..clip import Clip
     from ..scoring.reward_model import RewardModel
 
@@ -129,7 +130,8 @@ def run_grad(arch: str = "mid", G: int = 4, frames: int = 81, fps: float = 16.0,
             return run
 
         rows: dict[str, Any] = {}
-        for name, fn in [("forward", forward), ("forward+backward, checkpointing", backward("checkpointing")), ("forward+backward, no checkpointing", backward("no checkpointing"))]:
+        for name, fn in [("forward", forward), ("forward+backward, checkpointing", backward("checkpointing")),
+                         ("forward+backward, no checkpointing", backward("no checkpointing"))]:
             best, peak = float("inf"), 0.0
             for _ in range(repeats):
                 sync(dev)
@@ -178,7 +180,8 @@ def grad_memory_4b(G: int = 8, frames: int = 5, pixels: int = 76800, context_tok
 
 
 def format_grad(report: dict[str, Any]) -> str:
-    lines = [f"nvrm bench --workload grad  ({report['arch']} bundle, {report['device']}, G={report['G']}, {report['frames']} frames at {report['fps']:g} fps, {report['size'][0]}x{report['size'][1]})", ""]
+    lines = [f"nvrm bench --workload grad  ({report['arch']} bundle, {report['device']}, G={report['G']}, "
+             f"{report['frames']} frames at {report['fps']:g} fps, {report['size'][0]}x{report['size'][1]})", ""]
     lines.append(f"{'path':<36} {'seconds':>9} {'x forward':>10} {'peak MB':>9} {'saved MB':>9}")
     for name, row in report["rows"].items():
         saved = f"{row['saved_mb']:>9.0f}" if "saved_mb" in row else f"{'-':>9}"
@@ -187,5 +190,6 @@ def format_grad(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"surrogate vs exact contract pixels: max {e['max']:.1f}, mean {e['mean']:.2f} (0-255 levels)")
     c = report["computed_4b_g8"]
-    lines.append(f"4B shapes, G={c['G']} x 5 frames (computed, not measured): {c['with_checkpointing_gib']} GiB with checkpointing, {c['without_checkpointing_gib']} GiB without")
+    lines.append(f"4B shapes, G={c['G']} x 5 frames (computed, not measured): {c['with_checkpointing_gib']} GiB with checkpointing, "
+                 f"{c['without_checkpointing_gib']} GiB without")
     return "\n".join(lines)

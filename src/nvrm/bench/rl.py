@@ -168,7 +168,8 @@ def format_rl(report: dict[str, Any]) -> str:
         f"workers={report['workers']['count']} ({report['workers']['kind']}), torch threads={report['torch_threads']}",
         f"frames {f['width']}x{f['height']} @ {f['fps']:g} fps in memory, {f['context_s']:g} s context, {f['candidate_s']} s candidates; "
         f"max_batch_tokens={report['max_batch_tokens']}" + (f"; peak {report['peak_tflops']:.0f} TFLOP/s" if report["peak_tflops"] else ""),
-        "| G | contract / encode / model, one group (s) | CPU stage / model stage, stream (s) | loop | batch | group | groups | groups vs group | overlap | model TFLOP/s | max |Δr| group vs score |",
+        "| G | contract / encode / model, one group (s) | CPU stage / model stage, stream (s) | loop | batch | group | groups "
+        "| groups vs group | overlap | model TFLOP/s | max |Δr| group vs score |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:

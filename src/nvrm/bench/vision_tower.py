@@ -70,7 +70,8 @@ def run_vision(arch: str = "mid", frames: int = 80, size: tuple[int, int] = (192
         ref, ref_deep = before_tower()
         ours, ours_deep = after_all()
         diff = max([(ref.float() - ours.float()).abs().max().item()] + [(a.float() - b.float()).abs().max().item() for a, b in zip(ref_deep, ours_deep)])
-        t = {name: _best(fn, dev, repeats) for name, fn in (("before_tower", before_tower), ("after_tower", after_tower), ("before_all", before_all), ("after_all", after_all))}
+        paths = (("before_tower", before_tower), ("after_tower", after_tower), ("before_all", before_all), ("after_all", after_all))
+        t = {name: _best(fn, dev, repeats) for name, fn in paths}
     finally:
         model.close()
     return {
@@ -92,7 +93,8 @@ def format_vision(r: dict[str, Any]) -> str:
     t = r["seconds"]
     return "\n".join(
         [
-            f"vision workload: {r['frames']} frames of {r['frame_size']['width']}x{r['frame_size']['height']}, arch={r['arch']}, {r['device']} ({r['device_name']})",
+            f"vision workload: {r['frames']} frames of {r['frame_size']['width']}x{r['frame_size']['height']}, arch={r['arch']}, "
+            f"{r['device']} ({r['device_name']})",
             f"tower only:         before {t['before_tower']:.3f} s, after {t['after_tower']:.3f} s = {r['tower_speedup']:.2f}x",
             f"frames -> features: before {t['before_all']:.3f} s, after {t['after_all']:.3f} s = {r['frames_to_features_speedup']:.2f}x",
             f"max |difference| of the features: {r['max_abs_diff']:.3g} (bit-identical: {r['bit_identical']})",

@@ -27,7 +27,8 @@ def add_prefs_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--variants", help="comma-separated rejected kinds to write (default: all of them; see prefs/synthetic.py)")
     s.set_defaults(run=run_synth)
-    add_prepare_args(sub.add_parser("prepare", help="run every video of pairs files once through the contract into a prepared-input store (for nvrm train --store)"))
+    add_prepare_args(sub.add_parser(
+        "prepare", help="run every video of pairs files once through the contract into a prepared-input store (for nvrm train --store)"))
     from .judge import add_judge_args, add_pairs_args
 
     add_pairs_args(sub.add_parser("pairs", help="rollouts (N candidates per context) -> the pairs to judge: all, k per context, or the least certain"))

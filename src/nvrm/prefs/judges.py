@@ -67,7 +67,8 @@ class JudgeSpec:
         unknown = sorted(set(fields) - {"name", "url", "model", "key_env"})
         url = fields.get("url", "")
         if unknown or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"--judge {text}: give a chat server's URL (http://host:port/v1), name=...,url=...,model=...,key_env=..., nvrm:BUNDLE or nvrm+URL")
+            raise ConfigError(f"--judge {text}: give a chat server's URL (http://host:port/v1), "
+                              "name=...,url=...,model=...,key_env=..., nvrm:BUNDLE or nvrm+URL")
         name = fields.get("name") or (urlparse(url).hostname or "judge") + (f":{urlparse(url).port}" if urlparse(url).port else "")
         return cls(name, "chat", url.rstrip("/"), fields.get("model", "default"), fields.get("key_env") or default_key_env)
 

@@ -29,7 +29,7 @@ from ..errors import InputError, RequestError, Unavailable
 from ..protocol import ErrorCode, error_body
 from ..results import one_line
 from .contexts import ContextStore
-from .cosmos import Rollouts, media_rules, parse_enqueue
+from .cosmos import Rollouts, parse_enqueue
 from .redis_jobs import RETRY_AFTER_S, RedisJobStore, Taken
 from .requests import parse_work
 from .serving import Reply
@@ -43,12 +43,13 @@ POLL_S = 0.05
 def rollouts_json(r: Rollouts) -> dict[str, Any]:
     """A cosmos-rl job's outcome as the JSON kept in Redis."""
     return {"rewards": r.rewards, "errors": {str(k): v for k, v in r.errors.items()}, "info": r.info,
-            "seconds": r.seconds, "decode_seconds": r.decode_seconds}
+            "seconds": r.seconds, "decode_seconds": r.decode_seconds, "models": {n: rollouts_json(m) for n, m in r.models.items()}}
 
 
 def rollouts_of(d: dict[str, Any]) -> Rollouts:
     """The ``Rollouts`` that ``rollouts_json`` wrote."""
-    return Rollouts(d["rewards"], {int(k): v for k, v in d["errors"].items()}, d["info"], d["seconds"], d["decode_seconds"])
+    return Rollouts(d["rewards"], {int(k): v for k, v in d["errors"].items()}, d["info"], d["seconds"], d["decode_seconds"],
+                    {n: rollouts_of(m) for n, m in d.get("models", {}).items()})
 
 
 def v1_json(reply: Reply) -> dict[str, Any]:
@@ -171,7 +172,8 @@ class SharedJobs:
         svc = self.service
 
         async def check(raw: bytes, reserved: int, job_id: str) -> Reply:
-            req = await asyncio.to_thread(parse_enqueue, raw, self.serving.model.limits, has_decoder=svc.decoder is not None, rules=media_rules(self.serving.config, self.serving.model.contract, svc.decoder))
+            req = await asyncio.to_thread(parse_enqueue, raw, self.serving.model.limits, has_decoder=svc.decoder is not None,
+                                          rules=svc.rules())
             group = "c" + hashlib.sha256(json.dumps([req.prompts, req.fps]).encode()).hexdigest()[:24]
             need = reserved + req.decoded_bytes() + svc._frames_bound(req)
             return await self._queue(job_id, "cosmos", group, {"prompts": req.batch}, raw, body.content_type, need,
@@ -208,13 +210,12 @@ class SharedJobs:
         job = await self._job(job_id, "cosmos", "uuid")
         if isinstance(job, Reply):
             return job
-        if kind and kind not in ("nvrm",):
-            return Reply.error(ErrorCode.BAD_REQUEST, f"type {kind!r} was not computed; this server computes 'nvrm' "
-                               "(set the reward_fn name to nvrm)")
+        if (unknown := self.service.unknown_type(kind)) is not None:
+            return unknown
         if job["state"] != "done":
             return Reply.error(ErrorCode.NOT_READY, "the rewards are not ready yet; pull again", {"Retry-After": "1"}, status=425)
         await asyncio.to_thread(self.store.mark_fetched, job_id)
-        return Reply(200, rollouts_of(job["result"]).answer(kind or "nvrm", self.serving.config.cosmos_fallback_score))
+        return self.service.pull_answer(rollouts_of(job["result"]), kind)
 
     async def ping(self) -> Reply:
         """cosmos-rl's ping, with the shared store's counts."""
@@ -257,7 +258,8 @@ class SharedJobs:
 
     async def _rollouts(self, job: Taken) -> dict[str, Any]:
         svc, started = self.service, time.perf_counter()
-        req = await asyncio.to_thread(parse_enqueue, job.body, self.serving.model.limits, has_decoder=svc.decoder is not None, rules=media_rules(self.serving.config, self.serving.model.contract, svc.decoder))
+        req = await asyncio.to_thread(parse_enqueue, job.body, self.serving.model.limits, has_decoder=svc.decoder is not None,
+                                      rules=svc.rules())
         async with self._reserved(len(job.body) + req.decoded_bytes() + svc._frames_bound(req)):
             return rollouts_json(await svc._score_rollouts(req, started))
 
