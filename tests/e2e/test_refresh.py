@@ -8,7 +8,9 @@ cycle sends, so the oracle looks them up in a table it builds from the cycle fol
 """
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -40,7 +42,12 @@ FIGURES: dict = {}
 def refresh_argv(recorded, bundle, cycle, url):
     return ["refresh", "--record", str(recorded), "--from", str(bundle), "--cycle", str(cycle), "--judge", url,
             "--pairs-per-cycle", "12", "--holdout", "0.25", "--epochs", "1", "--batch-pairs", "4", "--lora-rank", "4",
-            "--max-context-frames", "0", "--device", "cpu"]
+            "--max-context-frames", "0", "--device", "cpu", "--probe-contexts", "2", "--probe-perturbations", PROBES]
+
+
+PROBES = "freeze,reverse,shift"
+CONFIG = RefreshConfig(pairs_per_cycle=12, holdout=0.25, probe_contexts=2, probe_perturbations=PROBES)
+"""What ``refresh_argv`` asks for, as ``run_cycle`` takes it."""
 
 
 class Oracle:
@@ -113,9 +120,7 @@ def test_one_cycle_gates_and_resumes_only_what_is_missing(recorded, tiny_bundle,
     oracle = Oracle(recorded, cycle)
     server, url = serve_oracle(oracle)
     try:
-        rc = main(["refresh", "--record", str(recorded), "--from", str(tiny_bundle), "--cycle", str(cycle), "--judge", url,
-                   "--pairs-per-cycle", "12", "--holdout", "0.25", "--epochs", "1", "--batch-pairs", "4", "--lora-rank", "4",
-                   "--max-context-frames", "0", "--device", "cpu"])
+        rc = main(refresh_argv(recorded, tiny_bundle, cycle, url))
         cap = capsys.readouterr()
         report = json.loads((cycle / "gate" / "gate.json").read_text())
         assert (cycle / "gate" / "gate.html").is_file()
@@ -125,7 +130,14 @@ def test_one_cycle_gates_and_resumes_only_what_is_missing(recorded, tiny_bundle,
             lo, hi = held[side]["interval95"]
             assert lo <= held[side]["accuracy"] <= hi
         assert report["checks"]["rewards"]["passed"], report["checks"]["rewards"]["why"]
-        FIGURES.update(held=held, passed=report["passed"])
+        probe = report["checks"]["probe"]  # nvrm probe on two recorded contexts, both models, side by side
+        assert probe["clips"] == 2 and report["not_checked"] == [] and len(report["probe"]["clips"]) == 2
+        for side in ("current", "candidate"):
+            assert set(report["probe"][side]) == set(PROBES.split(",")) and all(f["clips"] == 2 for f in report["probe"][side].values())
+            assert probe[f"{side}_flagged"] == sorted(n for n, f in report["probe"][side].items() if f["flagged"])
+        assert probe["passed"] == (not set(probe["candidate_flagged"]) - set(probe["current_flagged"]))
+        assert "nvrm probe on 2 recorded context(s)" in (cycle / "gate" / "gate.html").read_text()
+        FIGURES.update(held=held, passed=report["passed"], checks=report["checks"])
         print(f"held-out agreement: current {held['current']['accuracy']}, candidate {held['candidate']['accuracy']}, "
               f"gate {report['passed']}")
         assert rc == (0 if report["passed"] else 1)
@@ -138,8 +150,7 @@ def test_one_cycle_gates_and_resumes_only_what_is_missing(recorded, tiny_bundle,
         assert len(judged) == 24 and oracle.asked == 24 and all(j["winner"] in ("first", "second") for j in judged)
         assert len((cycle / "filter" / "pairs.jsonl").read_text().splitlines()) == 12  # the oracle is consistent in both orders
 
-        config = RefreshConfig(pairs_per_cycle=12, holdout=0.25)
-        again = dict(config=config, train=TrainConfig(epochs=1, batch_pairs=4, lora_rank=4), judge_contract=CONTRACT, device="cpu")
+        again = dict(config=CONFIG, train=TrainConfig(epochs=1, batch_pairs=4, lora_rank=4), judge_contract=CONTRACT, device="cpu")
         shutil.rmtree(cycle / "export")
         result = run_cycle(recorded, tiny_bundle, cycle, [url], **again)
         assert result.ran == ("export",) and oracle.asked == 24  # nothing before it redone, no judge asked again
@@ -157,9 +168,7 @@ def test_one_cycle_gates_and_resumes_only_what_is_missing(recorded, tiny_bundle,
         monkeypatch.setattr("nvrm.refresh.gate.run_gate", failing)
         shutil.rmtree(cycle / "gate")
         capsys.readouterr()
-        rc = main(["refresh", "--record", str(recorded), "--from", str(tiny_bundle), "--cycle", str(cycle), "--judge", url,
-                   "--pairs-per-cycle", "12", "--holdout", "0.25", "--epochs", "1", "--batch-pairs", "4", "--lora-rank", "4",
-                   "--max-context-frames", "0", "--device", "cpu"])
+        rc = main(refresh_argv(recorded, tiny_bundle, cycle, url))
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 1 and err[-1].startswith("nvrm refresh: gate failed, nothing exported: holdout: candidate worse")
         assert not (cycle / "export" / "bundle").exists() and not (cycle / "export" / "done.json").exists()
@@ -186,7 +195,7 @@ def test_a_cycle_killed_mid_judging_resumes_and_ends_as_an_uninterrupted_one(rec
         made = len(journal.read_text().splitlines())
         assert 4 <= made < 24 and not (cycle / "judge" / "done.json").exists()
         oracle.delay = 0.0
-        result = run_cycle(recorded, tiny_bundle, cycle, [url], config=RefreshConfig(pairs_per_cycle=12, holdout=0.25),
+        result = run_cycle(recorded, tiny_bundle, cycle, [url], config=CONFIG,
                            train=TrainConfig(epochs=1, batch_pairs=4, lora_rank=4), judge_contract=CONTRACT, device="cpu")
         assert result.ran[0] == "judge"  # the record and the pairs were done: kept
         rows = [json.loads(x) for x in journal.read_text().splitlines()]
@@ -197,10 +206,67 @@ def test_a_cycle_killed_mid_judging_resumes_and_ends_as_an_uninterrupted_one(rec
         server.shutdown()
 
 
-def test_bad_inputs_are_one_line(tiny_bundle, tmp_path, capsys):
+def test_a_cycle_killed_at_every_stage_resumes_and_ends_as_an_uninterrupted_one(recorded, tiny_bundle, tmp_path):
+    """SIGKILL at the worst moment of every stage (its output written, its done.json not yet): each run dies once, the
+    next one goes on from there; the last one ends as the uninterrupted cycle did, with no judge asked twice."""
+    from nvrm.refresh.cycle import KILL_AFTER
+    from nvrm.refresh.plan import STAGES
+
+    cycle, kills = tmp_path / "cycle", tmp_path / "kills"
+    kills.mkdir()
+    oracle = Oracle(recorded, cycle)
+    server, url = serve_oracle(oracle)
+    env = {**os.environ, KILL_AFTER: ",".join(STAGES), KILL_AFTER + "_DIR": str(kills)}
+    try:
+        died = []
+        for _ in range(len(STAGES) + 1):
+            proc = subprocess.run([sys.executable, "-m", "nvrm", *refresh_argv(recorded, tiny_bundle, cycle, url)], env=env,
+                                  capture_output=True, text=True, timeout=600)
+            if proc.returncode != -signal.SIGKILL:
+                break
+            stage = STAGES[len(died)]
+            died.append(stage)
+            assert (kills / f"{stage}.killed").is_file() and not (cycle / stage / "done.json").exists(), proc.stderr[-2000:]
+            assert all((cycle / s / "done.json").is_file() for s in STAGES[: len(died) - 1])
+        report = json.loads((cycle / "gate" / "gate.json").read_text())
+        assert proc.returncode == (0 if report["passed"] else 1), proc.stderr[-2000:]
+        assert died == list(STAGES if report["passed"] else STAGES[:-1])  # a failed gate never reaches export's output
+        assert (cycle / "export" / "bundle").is_dir() == report["passed"]
+        assert oracle.asked == 24  # the judge stage, killed after its last judgment, asked nothing again
+        if FIGURES:
+            assert report["checks"] == FIGURES["checks"] and report["passed"] == FIGURES["passed"]
+        print(f"killed at {', '.join(died)}; resumed to the gate's verdict {report['passed']}")
+    finally:
+        server.shutdown()
+
+
+def test_probe_check_fails_on_a_newly_flagged_probe():
+    from nvrm.probe import Outcome
+    from nvrm.refresh.gate import probe_check, probe_flags
+
+    class Report:
+        def __init__(self, **flags):
+            self.outcomes = [Outcome(n, "", 0.0, 1.0 if f else -1.0, 0.5, f) for n, f in flags.items()]
+
+    current = probe_flags([Report(freeze=True, mirror=False), Report(freeze=True, mirror=False)], 0.5)
+    same = probe_flags([Report(freeze=True, mirror=False), Report(freeze=False, mirror=True)], 0.5)  # 1 of 2: not over half
+    worse = probe_flags([Report(freeze=False, mirror=True), Report(freeze=False, mirror=True)], 0.5)
+    assert current["freeze"]["flagged"] and not same["mirror"]["flagged"] and same["mirror"]["flagged_share"] == 0.5
+    assert probe_check(current, same, clips=2, failed={})["passed"]
+    check = probe_check(current, worse, clips=2, failed={})
+    assert not check["passed"] and check["newly_flagged"] == ["mirror"] and "newly flagged for the candidate: mirror" in check["why"]
+    assert not probe_check(current, {}, clips=0, failed={"candidate": 2})["passed"]
+
+
+def test_bad_inputs_are_one_line(tiny_bundle, tmp_path, capsys, monkeypatch):
     argv = ["refresh", "--from", str(tiny_bundle), "--cycle", str(tmp_path / "c"), "--judge", "http://127.0.0.1:9/v1"]
     assert main([*argv, "--record", str(tmp_path)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nvrm: error:")]
     assert len(errors) == 1 and "is not an nvrm record" in errors[0]  # one line, after the progress lines
     assert main([*argv, "--record", str(tmp_path), "--holdout", "1.5"]) == 2
     assert "--holdout 1.5: out of range" in capsys.readouterr().err
+    assert main([*argv, "--record", str(tmp_path), "--probe-perturbations", "freeze,wobble"]) == 2
+    assert "--probe-perturbations freeze,wobble: unknown wobble" in capsys.readouterr().err
+    monkeypatch.delenv("NVRM_ADMIN_KEY", raising=False)
+    assert main([*argv, "--record", str(tmp_path), "--serve", "http://127.0.0.1:9"]) == 2
+    assert "--admin-key-env NVRM_ADMIN_KEY: the environment variable is not set" in capsys.readouterr().err

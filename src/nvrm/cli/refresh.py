@@ -27,6 +27,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export", metavar="DIR", help="where the passed bundle goes (default: CYCLE/export/bundle)")
     p.add_argument("--device", help="torch device for training and the gate")
     p.add_argument("--json", action="store_true", help="print the gate's report as one JSON object")
+    serve = p.add_argument_group("swap into a running nvrm serve (after a passed gate and export)")
+    serve.add_argument("--serve", metavar="URL", help="a running nvrm serve (started with --admin-key-env and an --allow-dir holding the "
+                       "export): swap the exported bundle in through PUT /v1/models/NAME")
+    serve.add_argument("--serve-model", metavar="NAME", help="the served model to swap (default: the server's default model)")
+    serve.add_argument("--admin-key-env", default="NVRM_ADMIN_KEY", metavar="VAR",
+                       help="environment variable holding the server's admin key (default NVRM_ADMIN_KEY)")
+    serve.add_argument("--serve-key-env", metavar="VAR", help="environment variable holding the server's scoring key (its --api-key-env), if it has one")
     add_dataclass_args(p, RefreshConfig, group="cycle")
     add_dataclass_args(p, TrainConfig, group="training settings")
     add_dataclass_args(p, RunSettings, group="judge requests")
@@ -45,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_cycle(args.record, args.base, args.cycle, args.judge, config=dataclass_from_args(args, RefreshConfig),
                        train=dataclass_from_args(args, TrainConfig), judging=dataclass_from_args(args, RunSettings),
                        judge_contract=dataclass_from_args(args, JudgeContract), rubric=args.rubric, anchor_pairs=args.anchor_pairs,
-                       export=args.export, device=args.device)
+                       export=args.export, device=args.device, serve=args.serve, serve_model=args.serve_model,
+                       admin_key_env=args.admin_key_env, serve_key_env=args.serve_key_env)
     if args.json:
         print(json.dumps(result.report))
     held = result.report["checks"]["holdout"]
@@ -53,5 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if not result.passed:
         print(f"nvrm refresh: gate failed, nothing exported: {result.failure}; {figures}", file=sys.stderr)
         return 1
-    print(f"nvrm refresh: gate passed, exported {result.export}; {figures}")
+    swap = f"; serving it as {result.swap['model']} at {result.swap['url']} (revision {result.swap['revision']})" if result.swap else ""
+    print(f"nvrm refresh: gate passed, exported {result.export}; {figures}{swap}")
     return 0

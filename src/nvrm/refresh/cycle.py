@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from .._fields import meta
 from ..errors import ConfigError, InputError
 from . import plan as P
+from .cycle_stages import bundle_digest
 
 STRATEGIES = ("least-certain", "all")
 
@@ -35,13 +36,24 @@ class RefreshConfig:
     holdout: float = field(default=0.2, metadata=meta("fraction of the judged pairs (whole contexts) kept out of training for the gate"))
     require_judges: int = field(default=1, metadata=meta("keep a pair only when at least N judges judged it in both orders"))
     max_anchor_drop: float = field(default=0.02, metadata=meta("the most the accuracy on --anchor-pairs may drop (0.02: two points)"))
+    probe_contexts: int = field(default=8, metadata=meta("record contexts the gate probes (nvrm probe on each one's best-rewarded candidate; "
+                                                         "held-out contexts first); 0: no probe check"))
+    probe_perturbations: str = field(default="", metadata=meta("comma-separated perturbations the gate probes (default: all; nvrm probe --list)"))
+    probe_flag_share: float = field(default=0.5, metadata=meta("a perturbation is flagged for a model when it raised the reward on more than "
+                                                               "this share of the probed clips"))
 
     def __post_init__(self) -> None:
         checks = {"strategy": self.strategy in STRATEGIES, "pairs_per_cycle": self.pairs_per_cycle >= 1, "holdout": 0 < self.holdout < 1,
-                  "require_judges": self.require_judges >= 1, "max_anchor_drop": 0 <= self.max_anchor_drop <= 1}
+                  "require_judges": self.require_judges >= 1, "max_anchor_drop": 0 <= self.max_anchor_drop <= 1,
+                  "probe_contexts": self.probe_contexts >= 0, "probe_flag_share": 0 <= self.probe_flag_share < 1}
         bad = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"{', '.join(bad)}: out of range (see nvrm refresh --help)")
+        from ..probe.perturbations import PERTURBATIONS
+
+        unknown = [n.strip() for n in self.probe_perturbations.split(",") if n.strip() and n.strip() not in PERTURBATIONS]
+        if unknown:
+            raise ConfigError(f"--probe-perturbations {self.probe_perturbations}: unknown {', '.join(unknown)} (see nvrm probe --list)")
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,8 @@ class CycleResult:
     """the stages run this time (the others were done already)"""
     failure: str | None = None
     """one line: why the gate failed"""
+    swap: dict[str, Any] | None = None
+    """with ``serve=``: the swap into the running server (``FOLDER/export/swap.json``: model, previous and new revision)"""
 
 
 @dataclass
@@ -90,21 +104,10 @@ class Cycle:
             "filter": {"require_judges": c.require_judges},
             "split": {"holdout": c.holdout},
             "train": {"base": bundle_digest(self.base), "config": self.train.to_dict(), "device": self.device},
-            "gate": {"anchor_pairs": anchors, "max_anchor_drop": c.max_anchor_drop, "base": bundle_digest(self.base)},
+            "gate": {"anchor_pairs": anchors, "max_anchor_drop": c.max_anchor_drop, "base": bundle_digest(self.base),
+                     "probe": [c.probe_contexts, c.probe_perturbations, c.probe_flag_share]},
             "export": {"to": str(self.export_to) if self.export_to else None},
         }
-
-
-def bundle_digest(bundle: Path) -> str:
-    """A bundle's identity for the fingerprints: its files' names and sizes, and its small JSON files' contents."""
-    if not bundle.is_dir():
-        raise InputError(str(bundle), "is not a bundle folder (--from)")
-    listing = []
-    for p in sorted(bundle.rglob("*")):
-        if p.is_file():
-            small = p.suffix == ".json" and p.stat().st_size < 1 << 20
-            listing.append([str(p.relative_to(bundle)), p.stat().st_size, p.read_text(errors="replace") if small else None])
-    return P.digest(listing)
 
 
 def read_marker(folder: Path) -> dict[str, Any] | None:
@@ -125,9 +128,11 @@ def _write_marker(folder: Path, stage: str, fp: str, output: str) -> None:
 def run_cycle(record: str | Path, base: str | Path, folder: str | Path, judges: Sequence[str], *, config: RefreshConfig = RefreshConfig(),
               train: Any = None, judging: Any = None, judge_contract: Any = None, rubric: str | Path | None = None,
               anchor_pairs: str | Path | None = None, export: str | Path | None = None, device: str | None = None,
-              say: Callable[[str], None] | None = None) -> CycleResult:
+              say: Callable[[str], None] | None = None, serve: str | None = None, serve_model: str | None = None,
+              admin_key_env: str = "NVRM_ADMIN_KEY", serve_key_env: str | None = None) -> CycleResult:
     """Run (or resume) one refresh cycle in ``folder``: judge pairs from the ``record``, train a LoRA from ``base``
-    (``train``: a ``TrainConfig``), gate it and export it (to ``export``, default ``FOLDER/export/bundle``) when it passes."""
+    (``train``: a ``TrainConfig``), gate it and export it (to ``export``, default ``FOLDER/export/bundle``) when it passes;
+    with ``serve`` (a running ``nvrm serve``'s URL), swap the export in as ``serve_model`` (``swap``)."""
     from ..prefs.judge_contract import JudgeContract, Rubric
     from ..prefs.judging import RunSettings
     from ..train.config import TrainConfig
@@ -138,6 +143,11 @@ def run_cycle(record: str | Path, base: str | Path, folder: str | Path, judges: 
     cycle = Cycle(Path(record), Path(base), Path(folder), tuple(judges), config, train or TrainConfig(), judging or RunSettings(),
                   judge_contract or JudgeContract(), Rubric.load(rubric), Path(anchor_pairs) if anchor_pairs else None,
                   Path(export) if export else None, device, say or (lambda line: print(line, file=sys.stderr)))
+    if serve:
+        import os
+
+        if not os.environ.get(admin_key_env):  # checked before the cycle's work, not after it
+            raise ConfigError(f"--admin-key-env {admin_key_env}: the environment variable is not set; --serve needs the server's admin key in it")
     if cycle.anchor_pairs and not cycle.anchor_pairs.is_file():
         raise InputError(str(cycle.anchor_pairs), "anchor pairs file not found (--anchor-pairs)")
     cycle.root.mkdir(parents=True, exist_ok=True)
@@ -162,6 +172,7 @@ def run_cycle(record: str | Path, base: str | Path, folder: str | Path, judges: 
         output = RUN[stage](cycle, sub)
         if output is None:  # the gate failed: nothing is exported, and export is not marked done
             break
+        _killpoint(stage)
         _write_marker(sub, stage, str(step.fingerprint), output)
         upstream = output
     report = json.loads((cycle.root / "gate" / "gate.json").read_text())
@@ -169,8 +180,36 @@ def run_cycle(record: str | Path, base: str | Path, folder: str | Path, judges: 
     exported = json.loads((cycle.root / "export" / "export.json").read_text())["bundle"] if done else None
     from .gate import failure_line
 
+    swapped = None
+    if serve and exported:
+        from .swap import swap_once
+
+        swapped, now = swap_once(cycle.root, exported, serve, model=serve_model, admin_key_env=admin_key_env, api_key_env=serve_key_env)
+        cycle.say(f"nvrm refresh: serve: model {swapped['model']} at {serve}: "
+                  f"{'swapped' if now else 'swapped already'} {swapped['previous_revision']} -> {swapped['revision']}")
     return CycleResult(str(cycle.root), bool(report["passed"]), report, exported, tuple(ran),
-                       None if report["passed"] else failure_line(report))
+                       None if report["passed"] else failure_line(report), swapped)
+
+
+KILL_AFTER = "NVRM_REFRESH_TEST_KILL_AFTER"
+"""Tests only: comma-separated stage names; the cycle SIGKILLs itself once such a stage has written its output but
+not yet its ``done.json`` (the worst moment), the first time only: it leaves ``STAGE.killed`` in the folder named by
+``NVRM_REFRESH_TEST_KILL_AFTER_DIR`` and does not kill there again, so the cycle run again goes on."""
+
+
+def _killpoint(stage: str) -> None:
+    import os
+
+    wanted = os.environ.get(KILL_AFTER)
+    if not wanted or stage not in wanted.split(","):
+        return
+    flag = Path(os.environ.get(KILL_AFTER + "_DIR", ".")) / f"{stage}.killed"
+    if flag.exists():
+        return
+    flag.write_text("")
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _stale(sub: Path, fp: str | None) -> bool:

@@ -20,6 +20,18 @@ from ..errors import ConfigError, InputError, RefreshError
 from . import plan as P
 
 
+def bundle_digest(bundle: Path) -> str:
+    """A bundle's identity for the fingerprints: its files' names and sizes, and its small JSON files' contents."""
+    if not bundle.is_dir():
+        raise InputError(str(bundle), "is not a bundle folder (--from)")
+    listing = []
+    for p in sorted(bundle.rglob("*")):
+        if p.is_file():
+            small = p.suffix == ".json" and p.stat().st_size < 1 << 20
+            listing.append([str(p.relative_to(bundle)), p.stat().st_size, p.read_text(errors="replace") if small else None])
+    return P.digest(listing)
+
+
 def _jsonl(path: Path, rows: list[dict]) -> str:
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
     path.write_text(text)
@@ -175,6 +187,13 @@ def stage_train(cycle, sub: Path) -> str:
     from ..train.fit import fit
 
     split = cycle.root / "split"
+    try:  # finished before the cycle was killed (fit writes summary.json last, after the bundle): nothing to redo
+        done = json.loads((sub / "run" / "summary.json").read_text())
+        if not done.get("stopped_early") and done.get("bundle") and (Path(done["bundle"]) / "RELEASE_MANIFEST.json").is_file():
+            cycle.say("nvrm refresh: train: finished already (run/summary.json); kept")
+            return P.digest({"revision": done["revision"], "bundle": done["bundle"]})
+    except (OSError, ValueError, KeyError):
+        pass
     summary = fit(cycle.base, split / "train.jsonl", sub / "run", cycle.train, eval_pairs=split / "holdout.jsonl",
                   store=sub / "store", resume=True, device=cycle.device)
     if summary.stopped_early or not summary.bundle:
@@ -183,13 +202,33 @@ def stage_train(cycle, sub: Path) -> str:
     return P.digest({"revision": summary.revision, "bundle": summary.bundle})
 
 
+def probe_items(cycle) -> list[tuple[str, str, str]]:
+    """What the gate probes: up to --probe-contexts of the record's contexts (held-out ones first, then by group id), each with
+    the candidate its recorded reward ranked first (where the policy is heading)."""
+    n = cycle.config.probe_contexts
+    if n == 0:
+        return []
+    held = {Path(p["context"]).name for p in _read_jsonl(cycle.root / "split" / "holdout.jsonl")}
+    rollouts = sorted(_read_jsonl(cycle.root / "record" / "rollouts.jsonl"), key=lambda r: (Path(r["context"]).name not in held, r["id"]))
+    items, seen = [], set()
+    for r in rollouts:
+        if r["context"] in seen:
+            continue
+        seen.add(r["context"])
+        best = max(range(len(r["candidates"])), key=lambda i: r["rewards"][i])
+        items.append((r["prompt"], r["context"], r["candidates"][best]))
+    return items[:n]
+
+
 def stage_gate(cycle, sub: Path) -> str:
     """The gate's report, written whether it passes or not (``gate``)."""
     from .gate import run_gate, write_report
 
+    names = [n.strip() for n in cycle.config.probe_perturbations.split(",") if n.strip()] or None
     report = run_gate(cycle.base, cycle.root / "train" / "run" / "bundle", cycle.root / "split" / "holdout.jsonl",
                       anchor_pairs=cycle.anchor_pairs, max_anchor_drop=cycle.config.max_anchor_drop, device=cycle.device,
-                      dtype=cycle.train.dtype)
+                      dtype=cycle.train.dtype, probe_items=probe_items(cycle), probe_perturbations=names,
+                      probe_flag_share=cycle.config.probe_flag_share)
     write_report(report, sub)
     return P.digest(report)
 
@@ -199,10 +238,19 @@ def stage_export(cycle, sub: Path) -> str | None:
     report: dict[str, Any] = json.loads((cycle.root / "gate" / "gate.json").read_text())
     if not report["passed"]:
         return None
+
+    source = cycle.root / "train" / "run" / "bundle"
     target = cycle.export_to or sub / "bundle"
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):  # never replaced: it may be anything of the user's
+    mine = target.is_dir() and bundle_digest(target) == bundle_digest(source)  # exported by this cycle before it was killed
+    if not mine and target.exists() and (not target.is_dir() or any(target.iterdir())):  # never replaced: it may be the user's
         raise InputError(str(target), "already exists (--export); remove it or name a new folder, then run nvrm refresh again")
-    shutil.copytree(cycle.root / "train" / "run" / "bundle", target)
+    if not mine:
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        if target.is_dir():
+            target.rmdir()  # empty (checked above)
+        partial.replace(target)  # a bundle appears whole or not at all (nvrm serve --watch may be looking)
     (sub / "export.json").write_text(json.dumps({"bundle": str(target)}) + "\n")
     return P.digest({"bundle": str(target), "gate": report["checks"]})
 

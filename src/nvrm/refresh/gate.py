@@ -7,9 +7,11 @@ Checks (each with its figures, current and candidate side by side):
 - ``anchor`` (with ``--anchor-pairs``): accuracy on the user's original preference pairs drops by no more
   than ``--max-anchor-drop``;
 - ``rewards``: every candidate reward is finite and the rewards are not collapsed to one value (the
-  training collapse check, ``nvrm.train.fit``).
-
-``nvrm probe`` on the record's contexts is not part of the gate yet (docs/refresh.md).
+  training collapse check, ``nvrm.train.fit``);
+- ``probe``: ``nvrm probe`` on the record's contexts (each with its best-rewarded recorded candidate), run
+  on both models with the same seeded perturbations: no perturbation newly flagged for the candidate. A
+  perturbation is flagged for a model when it raised that model's reward above the original on more than
+  ``flag_share`` of the probed clips (one clip is noise; most of them is a hack the policy can find).
 """
 
 from __future__ import annotations
@@ -69,6 +71,42 @@ def reward_check(rewards: Sequence[float], summary: dict[str, Any]) -> dict[str,
     return {"passed": True, "why": f"{len(rewards)} finite rewards, std {((summary.get('rewards') or {}).get('all') or {}).get('std')}"}
 
 
+def probe_flags(reports: Sequence[Any], flag_share: float) -> dict[str, dict[str, Any]]:
+    """Per perturbation over one model's probe reports: on how many clips it was flagged, its mean delta, and whether
+    it counts as flagged (on more than ``flag_share`` of the clips it ran on). Pure."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in reports:
+        for o in getattr(r, "outcomes", ()):
+            f = out.setdefault(o.name, {"clips": 0, "flagged_clips": 0, "errors": 0, "deltas": []})
+            if o.delta is None:
+                f["errors"] += 1
+                continue
+            f["clips"] += 1
+            f["flagged_clips"] += bool(o.flagged)
+            f["deltas"].append(o.delta)
+    for f in out.values():
+        deltas = f.pop("deltas")
+        f["mean_delta"] = sum(deltas) / len(deltas) if deltas else None
+        f["flagged_share"] = f["flagged_clips"] / f["clips"] if f["clips"] else None
+        f["flagged"] = bool(f["clips"]) and f["flagged_clips"] > flag_share * f["clips"]
+    return out
+
+
+def probe_check(current: dict[str, dict[str, Any]], candidate: dict[str, dict[str, Any]], *, clips: int, failed: dict[str, int]) -> dict[str, Any]:
+    """The probe check: no perturbation flagged for the candidate that was not flagged for the current model. Pure."""
+    if clips == 0 or not candidate:
+        return {"passed": False, "why": "no clip of the record could be probed on the candidate", "newly_flagged": [],
+                "current_flagged": [], "candidate_flagged": [], "clips": clips, "failed_clips": failed}
+    was = sorted(n for n, f in current.items() if f["flagged"])
+    now = sorted(n for n, f in candidate.items() if f["flagged"])
+    new = [n for n in now if n not in was]
+    why = (f"newly flagged for the candidate: {', '.join(new)}" if new
+           else f"nothing newly flagged over {clips} clip(s) (flagged for both: {', '.join(now) or 'none'}; "
+                f"cleared: {', '.join(n for n in was if n not in now) or 'none'})")
+    return {"passed": not new, "why": why, "newly_flagged": new, "current_flagged": was, "candidate_flagged": now, "clips": clips,
+            "failed_clips": failed}
+
+
 def _score(model, path: str | Path) -> tuple[dict[str, Any], list[float], int]:
     from ..prefs.pairs import read_pairs
     from ..report.evaluate import evaluate_pairs, summarize
@@ -78,11 +116,15 @@ def _score(model, path: str | Path) -> tuple[dict[str, Any], list[float], int]:
 
 
 def run_gate(current: str | Path, candidate: str | Path, holdout: str | Path, *, anchor_pairs: str | Path | None = None,
-             max_anchor_drop: float = 0.02, device: str | None = None, dtype: str | None = None) -> dict[str, Any]:
-    """The gate's report: both models on the held-out pairs (and the anchors), each check and ``passed``.
+             max_anchor_drop: float = 0.02, device: str | None = None, dtype: str | None = None,
+             probe_items: Sequence[tuple[str, str, str]] = (), probe_perturbations: Sequence[str] | None = None,
+             probe_flag_share: float = 0.5) -> dict[str, Any]:
+    """The gate's report: both models on the held-out pairs (and the anchors), on ``nvrm probe`` of ``probe_items``
+    ((prompt, context, candidate) files; none: no probe check), each check and ``passed``.
 
     Both models are scored in the training dtype (``dtype``; None: training's default, float32 unless on CUDA), so the gate
     sees the differences training saw."""
+    from ..probe import probe_many
     import torch
 
     from ..scoring.reward_model import RewardModel
@@ -94,6 +136,9 @@ def run_gate(current: str | Path, candidate: str | Path, holdout: str | Path, *,
     figures: dict[str, dict[str, Any]] = {}
     cand_rewards: list[float] = []
     cand_holdout: dict[str, Any] = {}
+    probes: dict[str, dict[str, Any]] = {}
+    probed: dict[str, int] = {}
+    failed_clips: dict[str, int] = {}
     for role, bundle in (("current", current), ("candidate", candidate)):
         with RewardModel.from_pretrained(bundle, device=device, dtype=dtype) as model:
             for name, path in files.items():
@@ -101,13 +146,26 @@ def run_gate(current: str | Path, candidate: str | Path, holdout: str | Path, *,
                 figures.setdefault(name, {})[role] = _side(summary, failed)
                 if role == "candidate" and name == "holdout":
                     cand_rewards, cand_holdout = rewards, summary
+            if probe_items:
+                reports = probe_many(model, list(probe_items), perturbations=probe_perturbations, seed=0)
+                probes[role] = probe_flags(reports, probe_flag_share)
+                probed[role] = sum(1 for r in reports if hasattr(r, "outcomes"))
+                failed_clips[role] = len(reports) - probed[role]
     checks = {"holdout": compare(figures["holdout"]["current"], figures["holdout"]["candidate"], max_drop=None)}
     if anchor_pairs:
         checks["anchor"] = compare(figures["anchor"]["current"], figures["anchor"]["candidate"], max_drop=max_anchor_drop)
     checks["rewards"] = reward_check(cand_rewards, cand_holdout)
-    return {"passed": all(c["passed"] for c in checks.values()), "checks": checks, "current": str(current),
-            "candidate": str(candidate), "files": {k: str(v) for k, v in files.items()}, "dtype": dtype,
-            "not_checked": ["probe: nvrm probe on the record's contexts is not part of the gate yet"]}
+    not_checked = []
+    if probe_items:
+        checks["probe"] = probe_check(probes["current"], probes["candidate"], clips=min(probed.values()), failed=failed_clips)
+    else:
+        not_checked.append("probe: no record contexts probed (--probe-contexts 0)")
+    report = {"passed": all(c["passed"] for c in checks.values()), "checks": checks, "current": str(current),
+              "candidate": str(candidate), "files": {k: str(v) for k, v in files.items()}, "dtype": dtype, "not_checked": not_checked}
+    if probe_items:
+        report["probe"] = {"flag_share": probe_flag_share, "clips": [list(i) for i in probe_items], "current": probes["current"],
+                           "candidate": probes["candidate"]}
+    return report
 
 
 def failure_line(report: dict[str, Any]) -> str:
@@ -122,6 +180,24 @@ def _fmt(side: dict[str, Any] | None) -> str:
     return f"{side['accuracy']:.4f} [{lo:.3f}, {hi:.3f}] over {side['n']}"
 
 
+def _probe_table(probe: dict[str, Any] | None) -> str:
+    """The probe figures, per perturbation, current and candidate side by side."""
+    if not probe:
+        return ""
+
+    def cell(f: dict[str, Any] | None) -> str:
+        if not f or not f.get("clips"):
+            return "n/a"
+        mean = "-" if f["mean_delta"] is None else f"{f['mean_delta']:+.4f}"
+        return f"{f['flagged_clips']}/{f['clips']} flagged, mean delta {mean}{' <b>FLAGGED</b>' if f['flagged'] else ''}"
+
+    rows = "".join(f"<tr><td>{html.escape(n)}</td><td>{cell(probe['current'].get(n))}</td><td>{cell(probe['candidate'].get(n))}</td></tr>"
+                   for n in sorted(set(probe["current"]) | set(probe["candidate"])))
+    return (f"<h2>nvrm probe on {len(probe['clips'])} recorded context(s)</h2><p>a perturbation is flagged for a model when it "
+            f"scored above the original on more than {probe['flag_share']:g} of the clips</p>"
+            "<table><tr><th>perturbation</th><th>current</th><th>candidate</th></tr>" + rows + "</table>")
+
+
 def write_report(report: dict[str, Any], folder: str | Path) -> tuple[Path, Path]:
     """``gate.json`` and ``gate.html`` (the figures side by side) in ``folder``, written whether the gate passed or not."""
     folder = Path(folder)
@@ -130,7 +206,10 @@ def write_report(report: dict[str, Any], folder: str | Path) -> tuple[Path, Path
     js.write_text(json.dumps(report, indent=1, default=str) + "\n")
     rows = []
     for name, c in report["checks"].items():
-        cur, cand = (_fmt(c.get("current")), _fmt(c.get("candidate"))) if "current" in c else ("", "")
+        if name == "probe":
+            cur, cand = (f"flagged: {', '.join(c[k]) or 'nothing'}" for k in ("current_flagged", "candidate_flagged"))
+        else:
+            cur, cand = (_fmt(c.get("current")), _fmt(c.get("candidate"))) if "current" in c else ("", "")
         colour = "#1a7f37" if c["passed"] else "#cf222e"
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(cur)}</td><td>{html.escape(cand)}</td>"
                     f"<td style='color:{colour}'>{'pass' if c['passed'] else 'FAIL'}</td><td>{html.escape(c['why'])}</td></tr>")
@@ -141,7 +220,7 @@ def write_report(report: dict[str, Any], folder: str | Path) -> tuple[Path, Path
             f"<h1>refresh gate: {verdict}</h1><p>current {html.escape(report['current'])}<br>"
             f"candidate {html.escape(report['candidate'])}</p>"
             "<table><tr><th>check</th><th>current (95% Wilson)</th><th>candidate (95% Wilson)</th><th></th><th>why</th></tr>"
-            + "".join(rows) + "</table>"
+            + "".join(rows) + "</table>" + _probe_table(report.get("probe"))
             + "".join(f"<p>not checked: {html.escape(x)}</p>" for x in report.get("not_checked", [])))
     page_path = folder / "gate.html"
     page_path.write_text(page)
