@@ -19,9 +19,9 @@ Measured, each against real `nvrm serve` processes on loopback:
   (sampling before upload, contexts by hash) against whole uploads, with the
   rewards compared; 8 concurrent clients sharing one context against 8 with
   distinct contexts; and the context-store hit rate over those runs;
-- cosmos-rl's path (``--cosmos``): a group of 8 B = 1 latent rollouts of one prompt, enqueued at
-  once and pulled until scored, against in-process decoding with the same Wan2.1 decoder plus
-  ``score_group`` on the same frames, with the decode's share (``--vae tiny`` builds a small random
+- cosmos-rl's path (``--cosmos``): ``--cosmos-groups`` prompts of 8 B = 1 latent rollouts each, enqueued at
+  once and pulled until scored, against in-process decoding with the same Wan2.1 decoder (a group per
+  call) plus ``score_group`` on the same frames, rewards compared bit for bit, with the decode's share (``--vae tiny`` builds a small random
   AutoencoderKLWan, ``--vae wan`` one of the real Wan2.1 shape; ``--latent-size`` the latent h x w).
 Reports items/s, p50 and p99 latency per concurrency.
 """
@@ -258,8 +258,9 @@ def random_vae(kind: str, folder: Path) -> Path:
     return folder
 
 
-def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float]:
-    """(seconds from the first enqueue to the last pull, summed decode seconds) of one group of B = 1 rollouts."""
+def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float, list[float]]:
+    """(seconds from the first enqueue to the last pull, decode seconds, the rewards in body order) of B = 1 rollouts
+    all enqueued at once (one thread each, as cosmos-rl's rollout workers send them)."""
     group = len(bodies)
     answers: list[dict] = [{}] * group
 
@@ -281,14 +282,18 @@ def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float]:
         th.join()
     took = time.perf_counter() - t
     assert all(not a.get("errors") for a in answers), answers
-    return took, sum(float(a.get("decoded_duration", 0) or 0) for a in answers)
+    # each answer carries its VAE call's seconds, and the rollouts of one call share them: summed once per call
+    decoded = sum(float(d) for d in {a.get("decoded_duration") for a in answers} - {None, "N/A"})
+    return took, decoded, [a["scores"]["reward"][0] for a in answers]
 
 
 def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int, int], group: int = 8, rounds: int = 3,
-                   against: str | None = None) -> dict:
-    """Enqueue -> pull for ``group`` B = 1 latent rollouts of one prompt against in-process decode + score_group.
-    With ``against`` (a source folder, e.g. an earlier commit's ``src``) a second server runs nvrm from there,
-    measured in the same rounds, the two servers' order alternating round by round."""
+                   against: str | None = None, groups: int = 2) -> dict:
+    """Enqueue -> pull for ``groups`` prompts of ``group`` B = 1 latent rollouts each, all enqueued at once, against the
+    in-process path: for each prompt, its group's latents decoded in one ``LatentDecoder.decode`` call, then
+    ``score_group`` on those frames. The service's rewards must equal the in-process ones bit for bit (checked every
+    round). With ``against`` (a source folder, e.g. an earlier commit's ``src``) a second server runs nvrm from there,
+    measured in the same rounds; the arms' order rotates round by round."""
     import io
 
     from nvrm import RewardModel
@@ -297,52 +302,65 @@ def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int,
     vae = random_vae(vae_kind, tmp / f"vae-{vae_kind}")
     h, w = latent_hw
     rng = np.random.default_rng(0)
+    prompts = [f"{PROMPT} (prompt {g})" for g in range(groups)]
 
     def latents(round_: int) -> list[np.ndarray]:
-        z = rng.standard_normal((group, 16, 21, h, w)).astype(np.float16)  # 81 frames: 1 conditioning + 5 s at 16 fps
-        z[:, :, 0] = z[0, :, 0]  # one conditioning frame: the same decoded context for the group
-        return [z[i : i + 1] for i in range(group)]
+        """One group's [group, 16, 21, h, w] per prompt."""
+        out = []
+        for _ in range(groups):
+            z = rng.standard_normal((group, 16, 21, h, w)).astype(np.float16)  # 81 frames: 1 conditioning + 5 s at 16 fps
+            z[:, :, 0] = z[0, :, 0]  # one conditioning frame: the same decoded context for the group
+            out.append(z)
+        return out
 
-    def body(z: np.ndarray) -> bytes:
+    def body(prompt: str, z: np.ndarray) -> bytes:
         buf = io.BytesIO()
         np.save(buf, z)
-        meta = {"prompts": [PROMPT], "reward_fn": {"nvrm": 1.0}, "video_infos": [{"video_fps": 16.0}], "media_type": "latent"}
+        meta = {"prompts": [prompt], "reward_fn": {"nvrm": 1.0}, "video_infos": [{"video_fps": 16.0}], "media_type": "latent"}
         return json.dumps(meta).encode() + b"\n" + buf.getvalue()
 
     model = RewardModel.from_pretrained(bundle)
     decoder = LatentDecoder(vae, model.device)
 
-    def in_process(zs: list[np.ndarray]) -> tuple[float, float]:
-        t = time.perf_counter()
-        decoded = [decoder.decode(z) for z in zs]
-        frames_ = [f[0] for f, _ in decoded]
-        model.score_group(PROMPT, Clip(frames_[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames_])
-        return time.perf_counter() - t, sum(d for _, d in decoded)
+    def in_process(zs: list[np.ndarray]) -> tuple[float, float, list[float]]:
+        t, dec, rewards = time.perf_counter(), 0.0, []
+        for prompt, z in zip(prompts, zs):
+            frames_, d = decoder.decode(z)
+            dec += d
+            rewards += [r.reward for r in model.score_group(prompt, Clip(frames_[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames_])]
+        return time.perf_counter() - t, dec, rewards
 
     arms = {"in_process": None, "service": None, **({} if against is None else {"service_against": against})}
     servers = {k: Server(bundle, "--latent-decoder", str(vae), log_dir=tmp, env=None if src is None else {**os.environ, "PYTHONPATH": src})
                for k, src in arms.items() if k != "in_process"}
     times: dict[str, list[float]] = {k: [] for k in arms}
     decode_s: dict[str, list[float]] = {k: [] for k in arms}
+    equal: dict[str, list[bool]] = {k: [] for k in arms if k != "in_process"}
     try:
         for r in range(rounds + 1):  # every arm in every round, the order rotating: the machine's load drifts
             zs = latents(r)
-            bodies = [body(z) for z in zs]
+            bodies = [body(p, z[i : i + 1]) for p, z in zip(prompts, zs) for i in range(group)]
             names = list(arms)
+            rewards = {}
             for k in names[r % len(names):] + names[: r % len(names)]:
-                took, dec = in_process(zs) if k == "in_process" else cosmos_group(servers[k].url, bodies)
+                took, dec, rewards[k] = in_process(zs) if k == "in_process" else cosmos_group(servers[k].url, bodies)
                 if r:  # the first round warms up
                     times[k].append(took)
                     decode_s[k].append(dec)
+            for k in equal:
+                equal[k].append(rewards[k] == rewards["in_process"])
     finally:
         for s in servers.values():
             s.stop()
         model.close()
     in_process_s = min(times["in_process"])
+    ratios = [a / b for a, b in zip(times["in_process"], times["service"])]  # round by round, the same load on both
     out = {
-        "workload": f"{group} B=1 rollouts of one prompt: latents [1, 16, 21, {h}, {w}] (81 frames), {vae_kind} Wan2.1 VAE",
+        "workload": f"{groups} prompts x {group} B=1 rollouts: latents [1, 16, 21, {h}, {w}] (81 frames), {vae_kind} Wan2.1 VAE",
         "enqueue_to_last_pull_s": min(times["service"]), "in_process_decode_plus_score_group_s": in_process_s,
         "service_vs_in_process": in_process_s / min(times["service"]),
+        "service_vs_in_process_by_round": ratios,
+        "rewards_equal_in_process_by_round": equal,
         "decode_share_service": min(decode_s["service"]) / min(times["service"]),
         "decode_share_in_process": min(decode_s["in_process"]) / in_process_s,
         "runs": times,
@@ -351,6 +369,7 @@ def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int,
         out["against"] = against
         out["against_enqueue_to_last_pull_s"] = min(times["service_against"])
         out["against_vs_in_process"] = in_process_s / min(times["service_against"])
+        out["against_vs_in_process_by_round"] = [a / b for a, b in zip(times["in_process"], times["service_against"])]
         out["decode_share_against"] = min(decode_s["service_against"]) / min(times["service_against"])
     return out
 
@@ -368,6 +387,7 @@ def main() -> None:
     p.add_argument("--network-only", action="store_true", help="only the network path")
     p.add_argument("--cosmos", action="store_true", help="also cosmos-rl's enqueue -> pull latency for a group of 8 latent rollouts")
     p.add_argument("--cosmos-rounds", type=int, default=3, help="timed rounds of --cosmos, each side (after one warm-up round)")
+    p.add_argument("--cosmos-groups", type=int, default=2, help="prompts of --cosmos, each a group of 8 rollouts, all enqueued at once")
     p.add_argument("--cosmos-only", action="store_true", help="only cosmos-rl's path")
     p.add_argument("--cosmos-against", metavar="SRC", help="also a --cosmos server running nvrm from SRC (PYTHONPATH), in the same rounds")
     p.add_argument("--vae", choices=["tiny", "wan"], default="tiny", help="random Wan2.1 VAE of --cosmos: small, or the real shape (GPU)")
@@ -414,7 +434,7 @@ def main() -> None:
         if args.cosmos or args.cosmos_only:
             hw = tuple(int(x) for x in args.latent_size.split("x"))
             report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw, rounds=args.cosmos_rounds,  # type: ignore[arg-type]
-                                            against=args.cosmos_against)
+                                            against=args.cosmos_against, groups=args.cosmos_groups)
             print(json.dumps(report["cosmos"], indent=1), flush=True)
         if args.cosmos_only:
             args.shared_only, args.no_shared = True, True

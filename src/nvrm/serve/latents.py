@@ -12,16 +12,27 @@ levels the way nvrm maps every float frame: ``round((x + 1) / 2 * 255)``.
 
 The decoder is a local folder (diffusers ``save_pretrained`` layout, safetensors) or a single
 ``Wan2.1_VAE.pth`` file through ``from_single_file``. It runs on the reward model's device, in
-bfloat16 on a GPU and float32 on the CPU, one request's samples in one batch (rollouts of separate requests are
-not batched together: on the CPU a batch of 8 does not decode to the same frames, bit for bit, as 8 decodes of 1). Needs the
-``nvrm[cosmos]`` extra (diffusers).
+bfloat16 on a GPU and float32 on the CPU. Needs the ``nvrm[cosmos]`` extra (diffusers).
+
+A rollout decodes to the same frames, bit for bit, whatever else is in its batch, so the service may batch the
+rollouts of separate requests (``DecodeQueue``: a group's B = 1 rollouts in one VAE call) and its rewards still equal
+what ``LatentDecoder.decode`` gives in process, one rollout or a whole group at a time. On the CPU that takes one
+rule: the VAE never sees fewer than ``MIN_CPU_ROWS`` rows (a lone rollout is decoded beside a row of zeros, which
+is dropped). PyTorch runs a small 3D convolution of one row on its own im2col kernel and of two or more on oneDNN's,
+and the two kernels round differently; oneDNN's rows do not depend on the batch (checked for batches of 1 to 8 on the
+tiny VAE, ``tests/integration/test_latent_batching.py``). On a GPU (cuDNN, bfloat16) batch invariance was not
+measured; the rule there is the same code path, one VAE call per batch.
 """
 
 from __future__ import annotations
 
+import queue
+import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,6 +72,17 @@ CHUNK4 = 5.0
 """A 4-frame chunk's activations over a 1-frame chunk's (4.25 measured on the tiny VAE; 5 for margin)."""
 FIXED_OF_WEIGHTS = 0.3
 """Shape-independent working memory, as a fraction of the weights' bytes (130 MB of Wan2.1's 508 MB measured)."""
+MIN_CPU_ROWS = 2
+"""The fewest rows the VAE sees on the CPU (padded with zero rows): PyTorch takes oneDNN's convolution for every layer
+from two rows up, and its rows are the same whatever the batch; a single row would take the im2col kernel, which rounds
+differently (frames a few 1e-6 apart before levels, so a level or two off here and there)."""
+MAX_BATCH_ROWS = 16
+"""The most rollouts ``DecodeQueue`` puts in one VAE call."""
+GATHER_S = 0.03
+"""How long ``DecodeQueue`` waits for another rollout of the same shape once one is queued (a group's B = 1
+enqueues arrive within milliseconds of each other); the wait ends early at ``MAX_BATCH_ROWS`` rows."""
+GATHER_MAX_S = 0.25
+"""The longest the first rollout of a batch waits while more keep coming."""
 OUTPUT_BYTES = 8 + 2
 """Per decoded value: diffusers' float32 output twice (its frame-by-frame ``torch.cat``, then the clamp's
 copy), and the uint8 frames twice (levels, then the channels-last copy)."""
@@ -120,34 +142,67 @@ class LatentDecoder:
         """Host memory decoding latents of ``shape`` takes at its peak with this VAE (``decode_peak_bytes``)."""
         return decode_peak_bytes(tuple(shape), self.base_dim, self.weight_bytes, self.device.type == "cpu", self.spatial)
 
-    @torch.inference_mode()
+    @property
+    def min_rows(self) -> int:
+        """Rows the VAE is given at least (``MIN_CPU_ROWS`` on the CPU, 1 on a GPU)."""
+        return MIN_CPU_ROWS if self.device.type == "cpu" else 1
+
     def decode(self, latents: np.ndarray, sigma_data: float = 1.0, refused: dict[int, str] | None = None) -> tuple[np.ndarray, float]:
         """(uint8 frames [B, T, H, W, 3], seconds the decode took) of normalised latents [B, 16, T_lat, h, w].
 
         A rollout whose latents or decoded pixels are not finite (NaN, an overflow inside the VAE) would
         decode to a black video: it is named in ``refused`` (index -> reason; its frames are zeros and are
         not to be scored), and the others keep theirs. Without ``refused`` such a rollout is an ``InputError``.
-        Rollouts already in ``refused`` are decoded from zeros, so they cannot touch the others."""
-        t = time.perf_counter()
+        Rollouts already in ``refused`` are decoded from zeros, so they cannot touch the others.
+        A rollout's frames do not depend on the others of ``latents`` (see the module's docstring)."""
         given = {} if refused is None else refused
-        z = torch.from_numpy(np.array(latents, dtype=np.float32)) / sigma_data  # a copy: the body's bytes are read-only
-        z = z * self.std + self.mean
-        self._drop(z, given, "its latents are not finite once divided by sigma_data")
-        waited = time.perf_counter()
-        with self._vae_lock:  # the seconds returned leave out this wait for another rollout's VAE call
-            waited = time.perf_counter() - waited
-            x = self.vae.decode(z.to(self.device, self.dtype)).sample  # [B, 3, T, H, W] in [-1, 1]
-        del z
-        self._drop(x, given, "its decoded frames are not finite (the VAE overflowed)")
-        x = x.float()  # in place from here on: no float copy of the whole video beside it
-        levels = x.add_(1.0).mul_(127.5).round_().clamp_(0, 255).to(torch.uint8)
-        del x
-        frames = levels.permute(0, 2, 3, 4, 1).contiguous().cpu().numpy()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        (frames, seconds), = self.decode_batch([(latents, sigma_data, given)])
         if refused is None and given:
             raise InputError("latents", "; ".join(given[i] for i in sorted(given)))
-        return frames, time.perf_counter() - t - waited
+        return frames, seconds
+
+    @torch.inference_mode()
+    def decode_batch(self, requests: list[tuple[np.ndarray, float, dict[int, str]]]) -> list[tuple[np.ndarray, float]]:
+        """``decode`` of several requests' latents (each ``(latents, sigma_data, refused)``, all of one shape past the
+        batch) in one VAE call: each request's (frames, seconds), the seconds those of the whole call, less any wait
+        for the VAE. Each ``refused`` gains that request's rollouts whose decoded frames are not finite."""
+        t = time.perf_counter()
+        zs = []
+        for latents, sigma_data, given in requests:
+            z = torch.from_numpy(np.array(latents, dtype=np.float32)) / sigma_data  # a copy: the body's bytes are read-only
+            z = z * self.std + self.mean
+            self._drop(z, given, "its latents are not finite once divided by sigma_data")
+            zs.append(z)
+        z = zs[0] if len(zs) == 1 else torch.cat(zs)
+        del zs
+        rows = z.shape[0]
+        if rows < self.min_rows:  # the same kernels as a batch's (module docstring); the padding rows are dropped below
+            z = torch.cat([z, z.new_zeros((self.min_rows - rows, *z.shape[1:]))])
+        waited = time.perf_counter()
+        with self._vae_lock:  # the seconds returned leave out this wait for another batch's VAE call
+            waited = time.perf_counter() - waited
+            x = self.vae.decode(z.to(self.device, self.dtype)).sample[:rows]  # [B, 3, T, H, W] in [-1, 1]
+        del z
+        out, at = [], 0
+        for latents, _, given in requests:
+            b = latents.shape[0]
+            part = x[at : at + b]
+            at += b
+            self._drop(part, given, "its decoded frames are not finite (the VAE overflowed)")
+            out.append(self._levels(part))
+        del x
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t - waited
+        return [(frames, seconds) for frames in out]
+
+    @staticmethod
+    def _levels(x: torch.Tensor) -> np.ndarray:
+        """uint8 frames [B, T, H, W, 3] of decoded pixels [B, 3, T, H, W] in [-1, 1]."""
+        x = x.float()  # a copy only when the VAE ran in bfloat16 (a GPU); in place from here on
+        levels = x.add_(1.0).mul_(127.5).round_().clamp_(0, 255).to(torch.uint8)
+        del x
+        return levels.permute(0, 2, 3, 4, 1).contiguous().cpu().numpy()
 
     @staticmethod
     def _drop(x: torch.Tensor, refused: dict[int, str], why: str) -> None:
@@ -157,3 +212,111 @@ class LatentDecoder:
                 refused[i] = f"rollout {i}: {why}; it is not scored"
             if i in refused:
                 x[i].zero_()
+
+
+class _Pending:
+    __slots__ = ("latents", "sigma_data", "refused", "future", "key")
+
+    def __init__(self, latents: np.ndarray, sigma_data: float, refused: dict[int, str], group: Any):
+        self.latents, self.sigma_data, self.refused = latents, sigma_data, refused
+        self.future: Future = Future()
+        self.key = (tuple(latents.shape[1:]), group)
+
+
+_STOP = object()
+
+
+class DecodeQueue:
+    """The service's decodes: one thread taking what is queued and decoding the rollouts of one group (a prompt's, of
+    one latent shape), from any requests, in one VAE call (up to ``MAX_BATCH_ROWS``), so a group's B = 1 rollouts decode
+    as one batch.
+
+    It is the first stage of a pipeline: while the scorer thread scores one group's frames, this thread decodes the next
+    group's (the oldest group waiting goes first). A group's rollouts that arrive while it decodes go in a later batch;
+    the queue waits ``GATHER_S`` after each arrival for the rest of a group. A batch whose VAE call fails is decoded again request by request, so one request's
+    failure reaches only that request."""
+
+    def __init__(self, decoder: LatentDecoder, max_rows: int = MAX_BATCH_ROWS, gather_s: float = GATHER_S, gather_max_s: float = GATHER_MAX_S):
+        self.decoder, self.max_rows, self.gather_s, self.gather_max_s = decoder, max_rows, gather_s, gather_max_s
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._waiting: list[_Pending] = []  # taken from the queue, not decoded yet (another shape, or past max_rows)
+        self.batches = 0
+        """VAE calls made (for tests and metrics)."""
+        self._thread = threading.Thread(target=self._loop, name="nvrm-decode", daemon=True)
+        self._thread.start()
+
+    def submit(self, latents: np.ndarray, sigma_data: float = 1.0, refused: dict[int, str] | None = None, group: Any = None) -> Future:
+        """A future of ``(frames, seconds)``: ``LatentDecoder.decode(latents, sigma_data, refused)``, in one batch with
+        the other rollouts of ``group`` (any hashable: the prompt) and their shape."""
+        p = _Pending(latents, sigma_data, {} if refused is None else refused, group)
+        self._queue.put(p)
+        return p.future
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Decode what is queued, then stop the thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _take(self, timeout: float | None) -> Any:
+        return self._queue.get(timeout=timeout) if timeout is None or timeout > 0 else self._queue.get_nowait()
+
+    def _gather(self) -> tuple[list[_Pending], bool]:
+        """The next batch (the oldest waiting rollout's group), and whether to stop after it."""
+        stop = False
+        if not self._waiting:
+            first = self._take(None)
+            if first is _STOP:
+                return [], True
+            self._waiting.append(first)
+        key = self._waiting[0].key
+        started = time.monotonic()
+        while sum(p.latents.shape[0] for p in self._waiting if p.key == key) < self.max_rows:
+            wait = min(self.gather_s, started + self.gather_max_s - time.monotonic())
+            try:
+                nxt = self._take(wait)
+            except queue.Empty:
+                break
+            if nxt is _STOP:
+                stop = True
+                break
+            self._waiting.append(nxt)
+        batch, rows, rest = [], 0, []
+        for p in self._waiting:
+            if p.key == key and (not batch or rows + p.latents.shape[0] <= self.max_rows):
+                batch.append(p)
+                rows += p.latents.shape[0]
+            else:
+                rest.append(p)
+        self._waiting = rest
+        return batch, stop
+
+    def _loop(self) -> None:
+        while True:
+            batch, stop = self._gather()
+            if batch:
+                self._decode(batch)
+            del batch
+            if stop:
+                while self._waiting:
+                    self._decode([self._waiting.pop(0)])
+                return
+
+    def _decode(self, batch: list[_Pending]) -> None:
+        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        self.batches += 1
+        try:
+            out = self.decoder.decode_batch([(p.latents, p.sigma_data, p.refused) for p in live])
+        except Exception:  # noqa: BLE001 - decoded again one request at a time: an error reaches only its request
+            if len(live) == 1:
+                live[0].future.set_exception(sys.exc_info()[1])  # type: ignore[arg-type]
+                return
+            for p in live:
+                try:
+                    p.future.set_result(self.decoder.decode_batch([(p.latents, p.sigma_data, p.refused)])[0])
+                except Exception as e:  # noqa: BLE001
+                    p.future.set_exception(e)
+            return
+        for p, r in zip(live, out):
+            p.future.set_result(r)
