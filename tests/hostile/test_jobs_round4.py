@@ -69,7 +69,7 @@ def test_a_result_bigger_than_the_store_is_never_a_404(model):
 
 
 def test_an_accepted_job_evicted_for_room_answers_507_not_404(model):
-    with InProcessServer(model, max_job_results_mb=0.0005) as s:  # room for one result (about 340 bytes)
+    with InProcessServer(model, max_job_results_mb=0.0008) as s:  # room for one result (about 530 bytes, its model and revision tagged)
         ids = [s.post("/v1/jobs/score", json=JOB).json()["id"] for _ in range(3)]
         deadline = time.time() + 60
         answers = {}

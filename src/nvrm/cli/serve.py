@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--ray serves one model; several --model NAME=DIR run on one server (without --ray) for now")
     if args.ray and config.watch:
         raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own (not supported yet)")
+    if args.ray and config.admin_key_env:
+        raise ConfigError("--admin-key-env: model swaps run on one server; with --ray a PUT would swap only the replica it reached "
+                          "(rolling swaps are not supported yet)")
     args.model = specs[0][1]
     backend = backend_kwargs(args)
     if args.ray and backend["backend"] != "nvrm":

@@ -107,6 +107,9 @@ class ServeConfig:
         default=None, metadata=_help("name of the environment variable holding the admin key a model swap (PUT /v1/models/NAME) needs; unset: no swaps")
     )
     allow_contract_change: bool = field(default=False, metadata=_help("let a model swap load a bundle whose contract differs from the running model's"))
+    swap_mode: str = field(default="beside", metadata=_help(
+        "how a model swap loads the new bundle: beside (the old one serves until the switch; refused when both do not fit "
+        "in memory), or replace (the old one drains and is freed first: requests wait meanwhile)", choices=("beside", "replace")))
     admin_key: str | None = field(default=None, repr=False, metadata={"cli": False})
     """The admin key itself (read from ``admin_key_env`` by the CLI; never a flag)."""
     watch: tuple[str, ...] = field(default=(), metadata=_help(
@@ -168,6 +171,8 @@ class ServeConfig:
         if self.watch:
             object.__setattr__(self, "watch", tuple(self.watch))
             parse_watch_specs(self.watch)
+        if self.swap_mode not in ("beside", "replace"):
+            raise ConfigError(f"--swap-mode {self.swap_mode!r}: use beside (load beside the old model), or replace (drain it, then load)")
         if self.cosmos_image_as not in ("refuse", "still"):
             raise ConfigError(f"--cosmos-image-as {self.cosmos_image_as!r}: use refuse, or still to score each image held still (flagged)")
         if not self.job_namespace or any(c in self.job_namespace for c in " :{}*?[]\\"):

@@ -31,7 +31,7 @@ from .media import npy_header
 from .transport import parse_json
 
 REWARD_NAMES = ("nvrm",)
-"""The ``reward_fn`` names this server computes."""
+"""The ``reward_fn`` names a server of one unnamed model computes; with ``--model NAME=DIR`` they are the served names."""
 SCORE_KEYS = ("reward", "overall_reward")
 """Keys every pull answer holds (the same raw reward: ``overall_reward`` is cosmos-rl's default ``score_key``)."""
 SIGMA_DATA_RANGE = (0.01, 100.0)
@@ -57,12 +57,15 @@ class MediaRules:
     """The candidate's length under the contract: a still image is held this long after its context frames."""
     latent_channels: int | None = None
     """The latent decoder's channels (16: Wan2.1, 48: Wan2.2 / Cosmos), or None without one."""
+    names: tuple[str, ...] = REWARD_NAMES
+    """The ``reward_fn`` names scored here: the served models' names, the default first."""
 
 
-def media_rules(config, contract, decoder) -> MediaRules:
-    """The ``MediaRules`` of a server with ``config`` (a ``ServeConfig``), ``contract`` and ``decoder`` (a ``LatentDecoder`` or None)."""
+def media_rules(config, contract, decoder, names: tuple[str, ...] | list[str] = REWARD_NAMES) -> MediaRules:
+    """The ``MediaRules`` of a server with ``config`` (a ``ServeConfig``), ``contract``, ``decoder`` (a ``LatentDecoder`` or None)
+    and the served models' ``names``."""
     return MediaRules(getattr(config, "cosmos_image_as", "refuse"), config.context_frames, float(contract.candidate_seconds),
-                      getattr(decoder, "channels", CHANNELS) if decoder is not None else None)
+                      getattr(decoder, "channels", CHANNELS) if decoder is not None else None, tuple(names) or REWARD_NAMES)
 
 
 @dataclass(frozen=True)
@@ -143,14 +146,16 @@ def _array(view: memoryview, media: str, limits, channels: int = CHANNELS) -> np
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
-def _reward_weights(fns: Any) -> dict[str, float]:
-    """``reward_fn``: reward name -> weight, each weight a finite number, each name one this server computes.
+def _reward_weights(fns: Any, names: tuple[str, ...] = REWARD_NAMES) -> dict[str, float]:
+    """``reward_fn``: reward name -> weight, each weight a finite number, each name a served model (``names``).
 
-    cosmos-rl 0.4.7 applies the weights itself (``RemoteRewardCalculator.fetch_reward`` pulls every
-    configured name, whatever its weight, and adds ``clip(score) * weight``), so the server answers the
-    raw reward for any finite weight, 0 and negative ones included. A weight that is not a number, or
-    NaN or infinite (which would make the trainer's total NaN), is refused; so is a name this server does
-    not compute, even at weight 0, since cosmos-rl would pull it anyway."""
+    As in cosmos-rl 0.4.7's own reward service, a weight never scales a score: each named reward is
+    computed on the one decode and pulled raw by its ``type``; the client (``RemoteRewardCalculator.fetch_reward``)
+    pulls every configured name, whatever its weight, and adds ``clip(score) * weight`` itself. Unlike
+    that service, which drops a name of weight <= 0 (its pull then never finds a score), every named
+    model is scored, 0 and negative weights included, so each pull the client makes is answered. A weight
+    that is not a number, or NaN or infinite (which would make the trainer's total NaN), is refused; so is
+    a name this server does not serve, even at weight 0, since cosmos-rl would pull it anyway."""
     if not isinstance(fns, dict) or not fns:
         raise RequestError("enqueue JSON 'reward_fn'", "must be an object of reward name -> weight")
     weights = {}
@@ -163,10 +168,11 @@ def _reward_weights(fns: Any) -> dict[str, float]:
             raise RequestError(f"enqueue JSON 'reward_fn'[{name[:40]!r}]",
                                f"is {repr(w)[:40]}; a weight is a finite number (cosmos-rl multiplies the pulled score by it)")
         weights[name] = float(w)
-    other = sorted(set(weights) - set(REWARD_NAMES))
+    other = sorted(set(weights) - set(names))
     if other:
+        hint = f" (set reward_fn to '{names[0]}')" if len(names) == 1 else " (each reward_fn name is a --model NAME of this server)"
         raise RequestError("enqueue JSON 'reward_fn'",
-                           f"asks for {', '.join(o[:40] for o in other[:8])}; this server computes {', '.join(REWARD_NAMES)} (set reward_fn to 'nvrm')")
+                           f"asks for {', '.join(o[:40] for o in other[:8])}; this server computes {', '.join(names)}{hint}")
     return weights
 
 
@@ -183,7 +189,7 @@ def parse_enqueue(raw: bytes, limits, *, has_decoder: bool, rules: MediaRules | 
         raise RequestError("enqueue JSON 'prompts'", "must be a non-empty list of strings, one per video")
     if len(prompts) > limits.max_request_items:
         raise RequestError("enqueue JSON 'prompts'", f"has {len(prompts)} videos; the limit is {limits.max_request_items} per request", 413, "too_large")
-    weights = _reward_weights(payload.get("reward_fn", {"nvrm": 1.0}))
+    weights = _reward_weights(payload.get("reward_fn", {rules.names[0]: 1.0}), rules.names)
     media = payload.get("media_type") or "latent"  # the legacy path sends none: latents
     if media == "image" and rules.image_as == "refuse":
         raise RequestError("enqueue JSON 'media_type'", "is 'image': a still image is not a 5 s continuation, so NVRM has no reward "
@@ -243,10 +249,20 @@ class Rollouts:
     info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     decode_seconds: float | None = None
+    models: dict[str, "Rollouts"] = field(default_factory=dict)
+    """Each ``reward_fn`` name's own outcome (the same decoded frames scored by that model); empty for a job
+    that failed as a whole, whose outcome answers every name. The fields above are the first name's."""
+
+    def computed(self) -> list[str]:
+        """The names this outcome answers (empty: any, a job failed as a whole)."""
+        return list(self.models)
 
     def answer(self, kind: str, fallback: float) -> dict[str, Any]:
-        """The pull answer: every key a list of B floats in request order; a failed item scores ``fallback``
-        and is named in ``errors`` (never a silent number)."""
+        """The pull answer of ``kind`` (a ``reward_fn`` name; empty: the first): every key a list of B floats in
+        request order; a failed item scores ``fallback`` and is named in ``errors`` (never a silent number)."""
+        if self.models and kind in self.models:
+            own = self.models[kind]
+            return Rollouts(own.rewards, own.errors, own.info, self.seconds, self.decode_seconds).answer(kind, fallback)
         filled = [fallback if r is None else float(r) for r in self.rewards]
         return {
             "scores": {key: filled for key in SCORE_KEYS},

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..clip import Clip
@@ -28,9 +27,6 @@ from .serving import Body, Reply, Serving
 
 ADMISSION_RETRY_S = 0.05
 """How often a job waiting for room in the scheduler's queue tries again (an accepted job is never dropped)."""
-DECODE_THREADS = 2
-"""Decodes in flight: one in the VAE (``LatentDecoder`` holds its lock only around that call), the next one's
-normalisation and frame conversion beside it; the event loop and the scorer go on throughout."""
 
 
 class JobService:
@@ -41,7 +37,9 @@ class JobService:
         c = serving.config
         self.store = JobStore(max_jobs=c.max_jobs, ttl_s=c.job_ttl_s, max_result_bytes=int(c.max_job_results_mb * 1024 * 1024))
         self.decoder = None
-        self._decode_pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="nvrm-decode")
+        self.decodes = None
+        """The ``DecodeQueue`` over ``decoder``: rollouts of every request decoded in batches on their own thread, the
+        first stage of a pipeline whose second is the scorer (nvrm.serve.latents)."""
         self.shared = None
         """The Redis store every replica answers (``--job-store redis://``; nvrm.serve.shared_jobs), else None."""
         if c.job_store != "memory":
@@ -58,9 +56,10 @@ class JobService:
     def install_decoder(self, device) -> None:
         """Load ``--latent-decoder`` on the model's device (once the model is loaded)."""
         if self.serving.config.latent_decoder:
-            from .latents import LatentDecoder
+            from .latents import DecodeQueue, LatentDecoder
 
             self.decoder = LatentDecoder(self.serving.config.latent_decoder, device)
+            self.decodes = DecodeQueue(self.decoder)
         if self.shared is not None:
             self.shared.start_worker()
 
@@ -97,10 +96,10 @@ class JobService:
         job = self.store.start(kind, run, on_done=lambda: budget.release(need), **extra)
         return Reply(200, {"uuid": job.id, **self.replica_answer()} if kind == "cosmos" else {"id": job.id, "status": "pending"})
 
-    async def _admitted_results(self, work: Work) -> Any:
-        """The work's results, waiting (not failing) while the scheduler's queue is full."""
+    async def _admitted_results(self, work: Work, scheduler=None) -> Any:
+        """The work's results (on ``scheduler``, default the model's), waiting (not failing) while its queue is full."""
         while True:
-            results = await self.serving.results(work)
+            results = await self.serving.results(work, scheduler)
             if not (isinstance(results, Reply) and results.body["error"]["code"] == ErrorCode.OVERLOADED):
                 return results
             await asyncio.sleep(ADMISSION_RETRY_S)
@@ -118,17 +117,36 @@ class JobService:
             work = await asyncio.to_thread(parse_work, self.serving, raw, body.content_type, kind)
 
             async def run() -> Reply:
-                results = await self._admitted_results(work)
-                return results if isinstance(results, Reply) else self._answer(results)
+                return await self.v1_results(work)
 
             return await self._start("v1", reserved + work.prepared_bytes, run)
 
         return await self._holding_place(self.serving.with_body(body, "job body", parsed))
 
-    def _answer(self, results: list[Any]) -> Reply:
-        m = self.serving.model
-        body = {"results": [item_dict(r) for r in results], "model": {"revision": m.revision, "path": str(m.path) if m.path else None},
-                "contract": m.fingerprint, "replica": self.serving.replica}
+    async def v1_results(self, work: Work) -> Reply:
+        """A ``/v1/jobs`` job's answer: scored by the model it names (``model``, default the first) on the revision serving
+        it when the job runs, each result tagged with both (as ``/v1/score``'s); 409 on an ``expect_revision`` mismatch."""
+        registry = self.serving.registry
+        try:
+            entry = registry.acquire(work.model)
+        except RequestError as e:
+            return Reply.error(e.code, str(e), status=e.status)
+        try:
+            expected = work.expect_revision
+            if expected is not None and expected != entry.revision:
+                return Reply.error(ErrorCode.REVISION_MISMATCH,
+                                   f"expect_revision is {expected}, but model {entry.name!r} is at revision {entry.revision}")
+            results = await self._admitted_results(work, entry.scheduler)
+            return results if isinstance(results, Reply) else self._answer(results, entry)
+        finally:
+            registry.release(entry)
+
+    def _answer(self, results: list[Any], entry=None) -> Reply:
+        m = self.serving.model if entry is None else entry.model
+        tag = {} if entry is None else {"model": entry.name, "model_revision": entry.revision}
+        model = {"revision": m.revision if entry is None else entry.revision, "path": str(m.path) if m.path else None,
+                 **({"name": entry.name} if entry is not None else {})}
+        body = {"results": [{**item_dict(r), **tag} for r in results], "model": model, "contract": m.fingerprint, "replica": self.serving.replica}
         return Reply(200, body)
 
     async def fetch(self, job_id: str) -> Reply:
@@ -161,28 +179,32 @@ class JobService:
         s = self.serving
 
         async def parsed(raw: bytes, reserved: int) -> Reply:
-            rules = media_rules(s.config, s.model.contract, self.decoder)  # what images and latents become (issue 41)
-            req = await asyncio.to_thread(parse_enqueue, raw, s.model.limits, has_decoder=self.decoder is not None, rules=rules)
+            req = await asyncio.to_thread(parse_enqueue, raw, s.model.limits, has_decoder=self.decoder is not None, rules=self.rules())
             need = reserved + req.decoded_bytes(self.decoder) + self._frames_bound(req)
             started = time.perf_counter()
             return await self._start("cosmos", need, lambda: self._score_rollouts(req, started), prompts=req.batch)
 
         return await self._holding_place(s.with_body(body, "enqueue body", parsed))
 
+    def rules(self):
+        """What images and latents become (issue 41), and the ``reward_fn`` names scored: the served models (issue 39)."""
+        s = self.serving
+        return media_rules(s.config, s.model.contract, self.decoder, getattr(s, "names", None) or ())
+
     def _frames_bound(self, req) -> int:
         """An upper bound of the prepared frames of ``req``'s rollouts: each its context frames and its candidate's."""
         model = self.serving.model
         contexts = min(self.serving.config.context_frames, model.limits.max_context_samples)
-        return req.batch * (contexts + model.contract.candidate_frames) * frame_bytes(model.contract, model.engine.codec is not None)
+        per_model = req.batch * (contexts + model.contract.candidate_frames) * frame_bytes(model.contract, model.engine.codec is not None)
+        return per_model * max(1, len(req.reward_fn))  # each named model prepares its own frames from the one decode
 
     async def _score_rollouts(self, req, started: float) -> Rollouts:
         s, c = self.serving, self.serving.config
         decode_s = None
         if req.media == "latent":
-            # on its own threads, from whichever loop runs the job (the shared queue's worker has its own)
-            decode = self.decoder.decode
-            frames, decode_s = await asyncio.get_running_loop().run_in_executor(
-                self._decode_pool, lambda: decode(req.array, req.sigma_data, req.refused))
+            # batched with other requests' rollouts on the decode thread, from whichever loop runs the job (the shared
+            # queue's worker has its own); the frames are those of LatentDecoder.decode, bit for bit
+            frames, decode_s = await asyncio.wrap_future(self.decodes.submit(req.array, req.sigma_data, req.refused, group=tuple(dict.fromkeys(req.prompts))))
         else:
             frames = frames_view(req.array)
         items, errors = [], dict(req.refused)  # non-finite rollouts: never scored, named with the fallback
@@ -194,31 +216,15 @@ class JobService:
             if n >= len(video):
                 errors[i] = f"video {i}: {len(video)} frames, all of them context (--context-frames {n}); no candidate is left"
                 continue
-            items.append((i, prompt, self._context_media(video[:n], fps), Media(Clip(video[n:], fps, name=f"video {i}"), "")))
-        work = Work("score", False, items=[(p, ctx, cand) for _, p, ctx, cand in items])
-        results = await self._admitted_results(work) if items else []
-        rewards: list[float | None] = [None] * req.batch
-        off: list[list[str]] = [[] for _ in range(req.batch)]
-        if isinstance(results, Reply):  # refused as a whole (shutting down): every item says why
-            results = [RequestError("job", results.body["error"]["message"])] * len(items)
-        for (i, *_), r in zip(items, results):
-            if isinstance(r, BaseException):
-                errors[i] = one_line(r)
-            else:
-                rewards[i] = r.reward
-                off[i] = list(r.off_contract)
+            items.append((i, prompt, context_media(video[:n], fps), Media(Clip(video[n:], fps, name=f"video {i}"), "")))
         info = {"shape": list(req.array.shape), "dtype": str(req.array.dtype), "media_type": req.media, "context_frames": c.context_frames,
-                "video_fps": req.fps, "off_contract": off, "model_revision": s.model.revision, "contract": s.model.fingerprint}
-        return Rollouts(rewards, errors, info, time.perf_counter() - started, decode_s)
-
-    @staticmethod
-    def _context_media(frames, fps: float) -> Media:
-        """The rollout's conditioning frames, keyed by content: a prompt's n rollouts share them, and one prefill."""
-        if len(frames) == 0:
-            return Media(None, "none")  # text-to-world: the no_context opt-in decides
-        h = hashlib.sha256(f"cosmos|{frames.shape}|{fps!r}|".encode())
-        h.update(frames.tobytes())
-        return Media(Clip(frames, fps, name="conditioning frames"), "frames:" + h.hexdigest())
+                "video_fps": req.fps}
+        # one decode, every reward_fn name: each served model scores the same items on its own scheduler (issue 39)
+        names = list(req.reward_fn) or list(s.names[:1])
+        scored = [scored_by(self, name, items, dict(errors), req.batch, info) for name in names]
+        outcomes = [await scored[0]] if len(scored) == 1 else await asyncio.gather(*scored)
+        first, seconds = outcomes[0], time.perf_counter() - started
+        return Rollouts(first.rewards, first.errors, first.info, seconds, decode_s, models=dict(zip(names, outcomes)))
 
     async def pull(self, job_id: str, kind: str) -> Reply:
         """``POST /api/reward/pull``: 425 while the job runs, its scores once done, 404 for an unknown or expired uuid."""
@@ -228,9 +234,8 @@ class JobService:
         if job is None or job.kind != "cosmos":
             return Reply.error(ErrorCode.JOB_UNKNOWN,
                                f"uuid {job_id[:40]} is not held by this server (unknown, or its result expired after --job-ttl-s)")
-        if kind and kind not in ("nvrm",):
-            return Reply.error(ErrorCode.BAD_REQUEST,
-                               f"type {kind!r} was not computed; this server computes 'nvrm' (set the reward_fn name to nvrm)")
+        if (unknown := self.unknown_type(kind)) is not None:
+            return unknown
         if not job.done:
             return Reply.error(ErrorCode.NOT_READY, "the rewards are not ready yet; pull again", {"Retry-After": "1"}, status=425)
         if job.evicted:  # accepted, so never a 404: its result could not be kept
@@ -240,7 +245,24 @@ class JobService:
         if not isinstance(result, Rollouts):  # the job failed as a whole: every item says why, none is lost
             n = job.extra.get("prompts", 1)
             result = Rollouts([None] * n, {i: one_line(result) for i in range(n)})
-        return Reply(200, result.answer(kind or "nvrm", self.serving.config.cosmos_fallback_score))
+        return self.pull_answer(result, kind)
+
+    def unknown_type(self, kind: str) -> Reply | None:
+        """A pull's ``type`` that no served model is named (400 naming the served ones), else None."""
+        names = list(getattr(self.serving, "names", None) or ("nvrm",))
+        if kind and kind not in names:
+            return Reply.error(ErrorCode.BAD_REQUEST, f"type {kind[:40]!r} was not computed; this server computes {', '.join(names)} "
+                               "(each reward_fn name is a served model)")
+        return None
+
+    def pull_answer(self, result: Rollouts, kind: str) -> Reply:
+        """The pull answer of ``kind`` (empty: the first ``reward_fn`` name); 400 when the rollout did not name it."""
+        computed = result.computed()
+        if kind and computed and kind not in computed:
+            return Reply.error(ErrorCode.BAD_REQUEST, f"type {kind[:40]!r} was not computed for this uuid; its reward_fn named "
+                               f"{', '.join(computed)}")
+        kind = kind or (computed[0] if computed else (getattr(self.serving, "names", None) or ["nvrm"])[0])
+        return Reply(200, result.answer(kind, self.serving.config.cosmos_fallback_score))
 
     async def ping(self) -> Reply:
         """cosmos-rl's liveness probe, with the jobs held."""
@@ -248,3 +270,44 @@ class JobService:
             return await self.shared.ping()
         return Reply(200, {"status": "ok", "ready": self.serving.model is not None, "jobs": len(self.store), "pending": self.store.pending})
 
+
+# ------------------------------------------------------------ cosmos-rl: one decode, every named model
+
+
+async def scored_by(jobs: "JobService", name: str, items: list, errors: dict[int, str], batch: int, info: dict) -> Rollouts:
+    """``items`` scored by the served model ``name`` (counted in flight on the revision that takes them, so a
+    swap meanwhile never frees it under them); its rewards, errors and ``input_info`` (with that revision)."""
+    registry = jobs.serving.registry
+    while True:
+        try:
+            entry = registry.acquire(name)
+            break
+        except RequestError as e:  # 503 while --swap-mode replace loads its new revision: an accepted job waits
+            if e.status != 503:
+                raise
+            await asyncio.sleep(ADMISSION_RETRY_S)
+    try:
+        work = Work("score", False, items=[(p, ctx, cand) for _, p, ctx, cand in items])
+        results = await jobs._admitted_results(work, entry.scheduler) if items else []
+    finally:
+        registry.release(entry)
+    rewards: list[float | None] = [None] * batch
+    off: list[list[str]] = [[] for _ in range(batch)]
+    if isinstance(results, Reply):  # refused as a whole (shutting down): every item says why
+        results = [RequestError("job", results.body["error"]["message"])] * len(items)
+    for (i, *_), r in zip(items, results):
+        if isinstance(r, BaseException):
+            errors[i] = one_line(r)
+        else:
+            rewards[i] = r.reward
+            off[i] = list(r.off_contract)
+    own = {**info, "off_contract": off, "model": name, "model_revision": entry.revision, "contract": entry.fingerprint}
+    return Rollouts(rewards, errors, own)
+
+def context_media(frames, fps: float) -> Media:
+    """The rollout's conditioning frames, keyed by content: a prompt's n rollouts share them, and one prefill."""
+    if len(frames) == 0:
+        return Media(None, "none")  # text-to-world: the no_context opt-in decides
+    h = hashlib.sha256(f"cosmos|{frames.shape}|{fps!r}|".encode())
+    h.update(frames.tobytes())
+    return Media(Clip(frames, fps, name="conditioning frames"), "frames:" + h.hexdigest())

@@ -1,8 +1,14 @@
 """``GET /v1/models`` and ``PUT /v1/models/{name}``: list the served models, and swap one under load.
 
     PUT {"path": DIR} with the admin key ─► checks (key, name, --allow-dir, one swap at a time)
-        ─► (a thread) verify the manifest ─► load beside the old model ─► same contract? ─► warm up on one item
-        ─► switch the pointer atomically ─► the old revision finishes what it admitted, then is freed
+        ─► (a thread) verify the manifest ─► fits beside the old model? ─► load beside it ─► same contract?
+        ─► warm up on one item ─► switch the pointer atomically ─► the old revision finishes what it admitted, then is freed
+
+The memory check compares the new bundle's weights (their bytes in its safetensors headers, scaled as the
+running revision's loaded bytes are to its own headers') with the free memory of the model's device (the
+host's available RAM on the CPU). When it does not fit, the swap is refused, unless ``--swap-mode replace``:
+then the old revision stops taking requests (503, Retry-After), drains, is freed, and the new one loads in
+its place (should that fail, the old bundle is loaded again); the answer says which way it went.
 
 Every refusal is a one-line error and leaves what is served as it was. The admin key travels in the
 ``X-Nvrm-Admin-Key`` header (the ``Authorization`` bearer stays the scoring key's, checked as for any /v1 route).
@@ -74,15 +80,17 @@ def warm_up(model) -> None:
 
 
 def default_loader(serving: MultiServing, name: str) -> Callable[[str], Any]:
-    """Loads a bundle with the settings the running model of ``name`` was loaded with."""
+    """Loads a bundle with the settings (and on the backend) the running model of ``name`` was loaded with."""
     from ..scoring.reward_model import RewardModel
 
-    settings = serving.registry.current(name).model.settings
-    return lambda path: RewardModel.from_pretrained(path, settings=settings)
+    running = serving.registry.current(name).model
+    backend = getattr(running, "backend", "nvrm")
+    url = getattr(getattr(running, "forward", None), "url", None) if backend == "vllm" else None
+    return lambda path: RewardModel.from_pretrained(path, settings=running.settings, backend=backend, vllm_url=url)
 
 
-def load_checked(serving: MultiServing, name: str, path: str):
-    """Verify, load, check the contract and warm up a new revision of ``name`` (runs in a thread)."""
+def verified(path: str) -> None:
+    """``RequestError`` unless ``path`` is a bundle with a manifest that verifies (runs in a thread)."""
     from ..bundle.verify import verify_bundle
 
     from .models import manifest_sha256
@@ -93,12 +101,43 @@ def load_checked(serving: MultiServing, name: str, path: str):
         verify_bundle(path)
     except NvrmError as e:
         raise RequestError("request.path", f"{path} fails verification: {e}") from e
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def memory_shortfall(serving: MultiServing, name: str, path: str) -> str | None:
+    """None when the bundle at ``path`` fits beside the revision serving ``name``; else why not, in one line."""
+    from .models import bundle_weight_bytes
+
     old = serving.registry.current(name)
-    model = (serving.load_bundle or default_loader(serving, name))(path)
+    declared = bundle_weight_bytes(path)
+    own = bundle_weight_bytes(old.path) if old.path else 0
+    need = int(declared * old.memory / own) if own and old.memory else declared  # as loaded (dtype), like the running one
+    device = getattr(old.model, "device", "cpu")
+    free = int(serving.free_memory(device))
+    if need <= free:
+        return None
+    where = "available RAM" if not str(device).startswith("cuda") else f"free memory on {device}"
+    return (f"model {name!r}: {path} needs about {_gib(need)} beside the running revision ({_gib(old.memory)}), and the {where} "
+            f"is {_gib(free)}; free memory, or start the server with --swap-mode replace (drains the old revision, then loads)")
+
+
+def load_checked(serving: MultiServing, name: str, path: str, *, fingerprint: str | None = None, load: Callable[[str], Any] | None = None,
+                 verify: bool = True):
+    """Verify (unless done: ``verify=False``), load, check the contract (``fingerprint``: the running model's) and warm up
+    a new revision of ``name`` (runs in a thread)."""
+    if verify:
+        verified(path)
+    if fingerprint is None or load is None:
+        old = serving.registry.current(name)
+        fingerprint, load = old.model.fingerprint, serving.load_bundle or default_loader(serving, name)
+    model = load(path)
     try:
-        if model.fingerprint != old.model.fingerprint and not serving.config.allow_contract_change:
+        if model.fingerprint != fingerprint and not serving.config.allow_contract_change:
             raise RequestError("request.path", f"{path} has contract {model.fingerprint[:16]}, "
-                               f"but model {name!r} serves {old.model.fingerprint[:16]}; "
+                               f"but model {name!r} serves {fingerprint[:16]}; "
                                "start the server with --allow-contract-change to allow it", code=ErrorCode.CONTRACT_MISMATCH)
         warm_up(model)
     except BaseException:
@@ -107,19 +146,62 @@ def load_checked(serving: MultiServing, name: str, path: str):
     return model
 
 
+def _replace(serving: MultiServing, name: str, path: str):
+    """``--swap-mode replace`` (runs in a thread): stop admitting to ``name``, drain and free its revision, then load
+    ``path``; should that fail, load the old bundle again and raise. Returns (the new model, what the answer says)."""
+    old = serving.registry.current(name)
+    if old.path is None:
+        raise RequestError("request.path", f"model {name!r} was not loaded from a folder, so --swap-mode replace could not "
+                           "load it again should the new bundle fail; swap it beside (free memory)")
+    fingerprint, load = old.model.fingerprint, serving.load_bundle or default_loader(serving, name)
+    serving.registry.hold(name)
+    if name == serving.names[0]:
+        serving.unpoint_default()
+    if not serving.registry.drained(old, serving.config.drain_timeout_s):
+        log.warning("model %s: revision %s did not drain in time; loading %s anyway", name, old.revision, path)
+    try:
+        model = load_checked(serving, name, path, fingerprint=fingerprint, load=load, verify=False)
+    except BaseException as e:
+        try:
+            back = load(str(old.path))
+        except BaseException:
+            log.exception("model %s: the old bundle %s could not be loaded again", name, old.path)
+            raise
+        serving.registry.add(serving.entry_for(name, back))
+        if name == serving.names[0]:
+            serving.point_default(serving.registry.current(name))
+        if isinstance(e, RequestError):
+            raise RequestError(e.source, f"{e.reason} (--swap-mode replace: revision {old.revision[:16]} was loaded again)",
+                               e.status, e.code) from e
+        raise
+    note = (f"--swap-mode replace: revision {old.revision} was drained and freed before {path} loaded; "
+            f"requests for {name!r} got 503 meanwhile")
+    return model, note
+
+
 async def swap(serving: MultiServing, name: str, path: str) -> Reply:
     """Load ``path`` beside the model serving ``name`` and switch to it; 409 while another swap runs."""
     if not serving.registry.swapping.acquire(blocking=False):
         return Reply.error(ErrorCode.SWAP_IN_PROGRESS, "another model swap is running; retry once it has finished")
     try:
         old = serving.registry.current(name)
-        model = await asyncio.to_thread(load_checked, serving, name, path)
+        await asyncio.to_thread(verified, path)
+        short = await asyncio.to_thread(memory_shortfall, serving, name, path)
+        replace = serving.config.swap_mode == "replace"
+        if short is not None and not replace:
+            return Reply.error(ErrorCode.TOO_LARGE, short, status=507)
+        note = None
+        if replace:
+            model, note = await asyncio.to_thread(_replace, serving, name, path)
+        else:
+            model = await asyncio.to_thread(lambda: load_checked(serving, name, path, verify=False))
         new = serving.entry_for(name, model)
         serving.registry.add(new)
         if name == serving.names[0]:
             serving.point_default(new)
-        log.info("model %s: swapped revision %s -> %s", name, old.revision, new.revision)
-        return Reply(200, {"name": name, "revision": new.revision, "previous_revision": old.revision, "contract": model.fingerprint})
+        log.info("model %s: swapped revision %s -> %s%s", name, old.revision, new.revision, f" ({note})" if note else "")
+        return Reply(200, {"name": name, "revision": new.revision, "previous_revision": old.revision, "contract": model.fingerprint,
+                           "swap_mode": "replace" if replace else "beside", **({"note": note} if note else {})})
     except RequestError as e:
         return serving.refused(e)
     except NvrmError as e:

@@ -80,6 +80,51 @@ def model_bytes(model) -> int:
     return total
 
 
+def bundle_weight_bytes(path: str | Path) -> int:
+    """Bytes of the tensors a bundle's ``*.safetensors`` files declare, from their headers alone (nothing is loaded)."""
+    import json
+    import struct
+
+    total = 0
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                continue
+            (n,) = struct.unpack("<Q", head)
+            if n > 100 * 1024 * 1024:  # not a safetensors header: verification refuses the bundle anyway
+                continue
+            try:
+                meta = json.loads(fh.read(n))
+            except ValueError:
+                continue
+        for key, t in meta.items() if isinstance(meta, dict) else ():
+            offsets = t.get("data_offsets") if key != "__metadata__" and isinstance(t, dict) else None
+            if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
+                total += max(0, offsets[1] - offsets[0])
+    return total
+
+
+def free_memory(device) -> int:
+    """Bytes a new model may take on ``device``: free device memory on CUDA, else the host's available RAM."""
+    dev = str(device or "cpu")
+    if dev.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(dev))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:  # Linux: what the kernel says can be had without swapping
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))  # elsewhere: the free pages
+
+
 class NamedModels:
     """A loader of several named bundles (``--model NAME=DIR``): called, it loads the first; ``create_app``
     installs the rest through ``rest()``."""
@@ -132,7 +177,7 @@ class Entry:
             self.model.close()
         except Exception:  # noqa: BLE001 — freeing an old revision never takes down the service
             log.exception("freeing model %s revision %s failed", self.name, self.revision)
-        self.model = None
+        self.model = self.scheduler = None  # type: ignore[assignment] - nothing left holds the weights
         _release_device_memory()
         log.info("model %s: revision %s freed", self.name, self.revision)
 
@@ -141,6 +186,12 @@ def _release_device_memory() -> None:
     import gc
 
     gc.collect()
+    try:  # glibc keeps freed heap pages; hand them back so a freed revision shows in the RSS
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
     try:
         import torch
 
@@ -160,6 +211,8 @@ class Registry:
         self.retiring: list[Entry] = []
         self.swapping = threading.Lock()
         self.drain_s = drain_s
+        self.replacing: set[str] = set()
+        """Names whose old revision is drained before the new one loads (``--swap-mode replace``): 503 meanwhile."""
 
     @property
     def names(self) -> list[str]:
@@ -173,11 +226,39 @@ class Registry:
 
     def _lookup(self, name: str | None) -> Entry:
         if name is None and self.entries:
-            return next(iter(self.entries.values()))
+            name = next(iter(self.entries))
         if name not in self.entries:
             names = ", ".join(self.entries)
             raise RequestError("model", f"{name!r} is not served here; the models are: {names}", code=ErrorCode.MODEL_UNKNOWN)
+        if name in self.replacing:
+            raise RequestError("model", f"{name!r} is being replaced (--swap-mode replace: its old revision is freed before the new one "
+                               "loads); retry shortly", 503, ErrorCode.UNAVAILABLE)
         return self.entries[name]  # type: ignore[index]
+
+    def hold(self, name: str) -> Entry:
+        """Stop admitting requests to ``name`` (503 until ``add`` serves its new entry) and retire the entry serving it;
+        it is freed once drained (``drained`` waits for that)."""
+        with self._lock:
+            old = self.entries[name]
+            self.replacing.add(name)
+            old.retired = True
+            self.retiring.append(old)
+            idle = old.inflight == 0
+        if idle:
+            self._free(old)
+        return old
+
+    def drained(self, e: Entry, seconds: float) -> bool:
+        """Wait up to ``seconds`` (and the freeing itself) for a retired entry to be answered out and freed."""
+        import time
+
+        deadline = time.monotonic() + seconds + 30
+        while time.monotonic() < deadline:
+            with self._lock:
+                if e not in self.retiring:
+                    return True
+            time.sleep(0.02)
+        return False
 
     def acquire(self, name: str | None) -> Entry:
         """The entry serving ``name``, counted in flight until ``release``."""
@@ -199,7 +280,8 @@ class Registry:
         with self._lock:
             old = self.entries.get(e.name)
             self.entries[e.name] = e
-            if old is None:
+            self.replacing.discard(e.name)
+            if old is None or old.retired:  # none, or held and drained already (--swap-mode replace)
                 return None
             old.retired = True
             self.retiring.append(old)
@@ -220,7 +302,8 @@ class Registry:
     def all(self) -> list[Entry]:
         """Every entry: serving ones, then those still draining."""
         with self._lock:
-            return list(self.entries.values()) + list(self.retiring)
+            serving = list(self.entries.values())
+            return serving + [e for e in self.retiring if not any(e is s for s in serving)]
 
 
 class _ParseView:
@@ -241,6 +324,8 @@ class MultiServing(Serving):
         self.registry = Registry(config.drain_timeout_s)
         self.load_bundle: Callable[[str], Any] | None = None
         """How a swap loads a bundle; None: with the running model's settings (``model_swap.default_loader``)."""
+        self.free_memory: Callable[[Any], int] = free_memory
+        """Bytes free for a new model on a device (the swap's memory check; a test injects a figure)."""
 
     def entry_for(self, name: str, model, first: bool = False) -> Entry:
         """A new entry of ``model`` under ``name`` (the service's first shares its gauged caches)."""
@@ -274,10 +359,14 @@ class MultiServing(Serving):
 
     def drain(self, seconds: float, *, wait: bool = True) -> bool:
         """``Serving.drain`` over every entry's scheduler."""
-        entries = self.registry.all()
-        for e in entries:
-            e.scheduler.begin_drain(seconds)
-        return all(e.scheduler.stop(seconds) for e in entries) if wait else False
+        schedulers = [e.scheduler for e in self.registry.all() if e.scheduler is not None]
+        for s in schedulers:
+            s.begin_drain(seconds)
+        return all(s.stop(seconds) for s in schedulers) if wait else False
+
+    def unpoint_default(self) -> None:
+        """Let go of the default model while it is replaced (``--swap-mode replace``): every route answers 503 meanwhile."""
+        self.model = self.scheduler = None  # type: ignore[assignment]
 
     async def handle(self, work: Work) -> Reply:
         """Score ``work`` on the entry its model names now; it stays in flight there until answered."""

@@ -267,8 +267,7 @@ class SharedJobs:
         svc = self.service
         work = await asyncio.to_thread(parse_work, self.serving, job.body, job.content_type, job.kind.partition(":")[2])
         async with self._reserved(len(job.body) + work.prepared_bytes):
-            results = await svc._admitted_results(work)
-        return v1_json(results if isinstance(results, Reply) else svc._answer(results))
+            return v1_json(await svc.v1_results(work))
 
 
 class QueueWorker:

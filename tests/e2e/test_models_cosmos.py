@@ -1,0 +1,110 @@
+"""cosmos-rl's ``reward_fn`` names are served models (issue 39, item 2), in process.
+
+``{"nvrm": 1.0, "mine": 0.5}`` is scored by both models (``--model NAME=DIR``) on one decode of the
+latents; ``pull`` with ``type=NAME`` answers that model's raw scores (weights are cosmos-rl's to apply,
+as its own reward service leaves them). cosmos-rl's own client against two models:
+``tests/trainers/test_cosmos_env.py``."""
+
+import io
+import json
+import time
+
+import numpy as np
+import pytest
+
+from nvrm import Clip, RewardModel
+from nvrm.serve.models import NamedModels, manifest_sha256
+from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
+from helpers import InProcessServer
+
+TINY_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[], temperal_downsample=[False, True, True])
+
+
+def body_of(meta: dict, array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return json.dumps(meta).encode() + b"\n" + buf.getvalue()
+
+
+def pulled(s, uid: str, kind: str | None, timeout: float = 120):
+    deadline = time.time() + timeout
+    while True:
+        r = s.post("/api/reward/pull", data={"uuid": uid, **({"type": kind} if kind is not None else {})})
+        if r.status_code != 425 or time.time() > deadline:
+            return r
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def vae(tmp_path_factory):
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("vae") / "tiny"
+    AutoencoderKLWan(**TINY_VAE).save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two(tiny_bundle, tmp_path_factory):
+    mine = build_tiny_bundle(tmp_path_factory.mktemp("mine") / "mine", ArchSpec(seed=7))
+    ms = {"nvrm": RewardModel.from_pretrained(tiny_bundle, device="cpu"), "mine": RewardModel.from_pretrained(mine, device="cpu")}
+    yield ms
+    for m in ms.values():
+        m.close()
+
+
+@pytest.fixture(scope="module")
+def served(two, tiny_bundle, vae):
+    specs = [("nvrm", str(tiny_bundle)), ("mine", str(two["mine"].path))]
+    s = InProcessServer(NamedModels(specs, lambda where: RewardModel.from_pretrained(where, device="cpu")), max_wait_ms=10,
+                        latent_decoder=str(vae))
+    deadline = time.time() + 60
+    while s.get("/readyz").status_code != 200 and time.time() < deadline:
+        time.sleep(0.05)
+    yield s
+    s.stop()
+
+
+def test_reward_fn_names_two_models_scored_on_one_decode(served, two, vae, monkeypatch):
+    from nvrm.serve.latents import LatentDecoder
+
+    decodes = []  # the requests' latents that reach the VAE (LatentDecoder.decode goes through decode_batch too)
+    real = LatentDecoder.decode_batch
+    monkeypatch.setattr(LatentDecoder, "decode_batch", lambda self, requests: decodes.extend(requests) or real(self, requests))
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((2, 16, 21, 4, 6)).astype(np.float16)
+    z[:, :, :1] = z[:1, :, :1]  # one conditioning frame: one context for the prompt's rollouts
+    r = served.post("/api/reward/enqueue", content=body_of({"prompts": ["p"] * 2, "reward_fn": {"nvrm": 1.0, "mine": 0.5}}, z))
+    assert r.status_code == 200, r.text
+    uid = r.json()["uuid"]
+    answers = {kind: pulled(served, uid, kind) for kind in ("nvrm", "mine", None)}
+    assert all(a.status_code == 200 for a in answers.values()), {k: a.text for k, a in answers.items()}
+    assert len(decodes) == 1  # one decode served both models
+
+    frames = LatentDecoder(vae, "cpu").decode(z)[0]
+    for kind in ("nvrm", "mine"):
+        body = answers[kind].json()
+        m = two[kind]
+        want = [x.reward for x in m.score_group("p", Clip(frames[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames])]
+        assert body["scores"]["reward"] == want, kind  # raw, bit for bit: the weight is cosmos-rl's to apply
+        assert body["type"] == kind and body["input_info"]["model"] == kind
+        assert body["input_info"]["model_revision"] == manifest_sha256(m.path)
+    assert answers["nvrm"].json()["scores"] != answers["mine"].json()["scores"]
+    assert answers[None].json()["scores"] == answers["nvrm"].json()["scores"]  # no type: the first name
+
+
+def test_pull_of_a_name_not_served_or_not_asked_for_is_a_400(served):
+    z = np.random.default_rng(4).integers(0, 255, (1, 82, 32, 48, 3), dtype=np.uint8)  # pixels: nothing to decode
+    r = served.post("/api/reward/enqueue", content=body_of({"prompts": ["p"], "reward_fn": {"mine": 1.0}, "media_type": "video"}, z))
+    assert r.status_code == 200, r.text
+    uid = r.json()["uuid"]
+    assert pulled(served, uid, "mine").status_code == 200
+    other = pulled(served, uid, "nvrm")
+    assert other.status_code == 400 and "reward_fn named mine" in other.json()["error"]["message"], other.text
+    unknown = pulled(served, uid, "dance_grpo")
+    message = unknown.json()["error"]["message"]
+    assert unknown.status_code == 400 and "nvrm, mine" in message and "\n" not in message, unknown.text
+    bad = served.post("/api/reward/enqueue", content=body_of({"prompts": ["p"], "reward_fn": {"nvrm": 1.0, "hpsv2": 1.0}, "media_type": "video"}, z))
+    assert bad.status_code == 400 and "hpsv2" in bad.json()["error"]["message"] and "nvrm, mine" in bad.json()["error"]["message"]
