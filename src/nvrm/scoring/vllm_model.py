@@ -174,6 +174,10 @@ class VllmRewardModel:
             if errors == "raise":
                 raise
             scores = [e] * len(pairs)
+        except Exception as e:  # noqa: BLE001 - a bug must not stop the service's scorer or pass as a result
+            if errors == "raise":
+                raise
+            scores = [InternalError.wrap(e)] * len(pairs)
         return [s if isinstance(s, NvrmError) else self._result(ctx, cand, s) for (_, ctx, cand), s in zip(pairs, scores)]
 
     def _group(self, prompt, context, candidates: Sequence[Any], errors: Errors, share_prefix: bool = True) -> list[Any]:
@@ -215,7 +219,7 @@ class VllmRewardModel:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def score_prepared_each(self, prepared: Sequence[Any], *, exact: bool | None = None) -> list[Any]:
-        """One result or error per item the engine prepared, in order (items of one context stay together for vLLM)."""
+        """One result or error per item the engine prepared, in order, handed to vLLM in one call."""
         if exact:
             return [BackendError(NOT_EXACT)] * len(prepared)
         return self._classified([(p.prompt, p.context, p.candidate) for p in prepared], "return")
