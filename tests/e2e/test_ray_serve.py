@@ -19,6 +19,8 @@ from nvrm.client import RewardClient
 from nvrm.synth.clips import moving_square
 
 NVRM = Path(sys.executable).parent / "nvrm"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "nvrm" / "assets" / "demo-bundle"
+"""The second served model (``--model mine=DEMO``): every replica holds both, by name."""
 CTX = Clip(moving_square(8, 64, 80, seed=1), fps=4)
 CANDS = [Clip(moving_square(20, 64, 80, seed=10 + i, speed=1 + i), fps=4) for i in range(3)]
 
@@ -33,7 +35,7 @@ def ray_server(tiny_bundle, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("rayserve") / "serve.log", "w+")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(
-        [str(NVRM), "serve", "--model", str(tiny_bundle), "--ray", "--replicas", "2", "--cpus-per-replica", "0.5",
+        [str(NVRM), "serve", "--model", str(tiny_bundle), "--model", f"mine={DEMO}", "--ray", "--replicas", "2", "--cpus-per-replica", "0.5",
          "--port", str(port), "--api-key-env", "NVRM_KEY"],
         stdout=log, stderr=subprocess.STDOUT, env={**env, "NVRM_KEY": "k"},
     )
@@ -87,6 +89,31 @@ def test_replicas_answer_like_the_model_and_share_the_load(ray_server, model):
         assert all(abs(x["reward"] - w) <= GROUP_ULPS * bf16_ulp(w) for x, w in zip(body["results"], want))
         replicas.add(body["replica"])  # a group is one request: one replica scored all of it
     assert len(bodies) == 24 and len(replicas) == 2, replicas  # Ray Serve routed between the two replicas
+
+
+def test_every_replica_serves_both_named_models(ray_server, model):
+    """``--ray`` with ``--model NAME=DIR`` repeated: each replica loads both; a request naming ``mine`` is scored by it."""
+    from nvrm import RewardModel
+
+    url, _, _ = ray_server
+    listed = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k"}, timeout=60).json()
+    assert listed["default"] == "nvrm" and [m["name"] for m in listed["models"]] == ["nvrm", "mine"]
+    with RewardModel.from_pretrained(DEMO, device="cpu") as demo:
+        want = [demo.score("p", CTX, c).reward for c in CANDS]
+        revision = listed["models"][1]["revision"]
+    client = RewardClient(url, api_key="k", model="mine", presample=False, context_refs=False)
+    mine, default = [], RewardClient(url, api_key="k", presample=False, context_refs=False)
+
+    def hit(_) -> None:
+        mine.append(client.score_group("p", CTX, CANDS))
+
+    in_threads(hit, 6)  # concurrent, so both replicas take some
+    for results in mine:
+        assert all(abs(r.reward - w) <= GROUP_ULPS * bf16_ulp(w) for r, w in zip(results, want))
+        assert {r.model_revision for r in results} == {revision}
+    base = default.score_group("p", CTX, CANDS)  # no model named: the first, the tiny bundle
+    assert all(abs(r.reward - model.score("p", CTX, c).reward) <= GROUP_ULPS * bf16_ulp(r.reward) for r, c in zip(base, CANDS))
+    assert want != [r.reward for r in base]
 
 
 def test_requests_naming_one_context_go_to_the_replica_that_holds_it(ray_server, model):

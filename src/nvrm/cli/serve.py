@@ -63,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     settings = settings_from_args(args)
     specs = parse_model_specs(args.model)
-    if args.ray and len(specs) > 1:
-        raise ConfigError("--ray serves one model; several --model NAME=DIR run on one server (without --ray) for now")
     if args.ray and config.watch:
         raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own (not supported yet)")
     if args.ray and config.admin_key_env:
@@ -77,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from ..serve.ray_serve import serve_on_ray
 
-        return serve_on_ray(args.model, settings, config, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
+        named = len(specs) > 1 or specs[0][0] != "nvrm"  # several models, or one under a name of its own
+        return serve_on_ray(specs if named else args.model, settings, config, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                             cpus_per_replica=args.cpus_per_replica, address=args.ray_address)
     from ..scoring.reward_model import RewardModel
     from ..serve import launch

@@ -47,11 +47,17 @@ def _with_replica_id(config, serve):
     return dataclasses.replace(config, replica_id=f"nvrm-{rid}")
 
 
-def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_replica: float, cpus_per_replica: float):
-    """A bound Ray Serve application: ``replicas`` copies of the service, each loading the bundle once."""
+def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *, replicas: int, gpus_per_replica: float,
+                     cpus_per_replica: float):
+    """A bound Ray Serve application: ``replicas`` copies of the service, each loading its bundles once. ``bundle``: one
+    folder, or ``[(name, folder)]`` for several models by name (the first the default, as ``--model NAME=DIR``)."""
     _, serve = _require_serve()
     from ..scoring.reward_model import RewardModel
     from .app import create_app
+    from .models import NamedModels
+
+    named = not isinstance(bundle, str)
+    specs = list(bundle) if named else [("nvrm", bundle)]
 
     @serve.deployment(
         name="nvrm",
@@ -63,8 +69,9 @@ def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_r
     class NvrmReplica:
         """One replica: loads the bundle once, then builds the service app around it (in the replica)."""
 
-        def __init__(self) -> None:
-            self.model = RewardModel.from_pretrained(bundle, settings=settings)  # before Serve routes traffic here
+        def __init__(self) -> None:  # every model loaded before Serve routes traffic here
+            self.models = {where: RewardModel.from_pretrained(where, settings=settings) for _, where in specs}
+            self.model = self.models[specs[0][1]]
 
         @serve.multiplexed(max_num_models_per_replica=4096)
         async def hold(self, ref: str) -> str:
@@ -72,7 +79,8 @@ def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_r
             return ref
 
         def __serve_build_asgi_app__(self):
-            app = create_app(self.model, _with_replica_id(config, serve))
+            served = NamedModels(specs, self.models.__getitem__) if named else self.model
+            app = create_app(served, _with_replica_id(config, serve))
             replica = self
 
             @app.middleware("http")
@@ -87,7 +95,7 @@ def build_deployment(bundle: str, settings, config, *, replicas: int, gpus_per_r
 
 
 def serve_on_ray(
-    bundle: str,
+    bundle: "str | list[tuple[str, str]]",
     settings,
     config,
     *,
@@ -102,7 +110,8 @@ def serve_on_ray(
         raise InputError(f"--replicas {replicas}", "must be at least 1")
     from ..bundle import resolve_bundle
 
-    path = str(resolve_bundle(bundle, settings.revision))
+    specs = [("nvrm", bundle)] if isinstance(bundle, str) else list(bundle)
+    resolved = [(name, str(resolve_bundle(where, settings.revision))) for name, where in specs]
     if config.job_store != "memory":  # unreachable: one line naming the URL and exit 2, before any replica starts
         from .redis_jobs import connect
 
@@ -111,7 +120,8 @@ def serve_on_ray(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(
-        build_deployment(path, settings, config, replicas=replicas, gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica),
+        build_deployment(resolved if not isinstance(bundle, str) else resolved[0][1], settings, config, replicas=replicas,
+                         gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica),
         name="nvrm",
         route_prefix="/",
     )
