@@ -14,9 +14,7 @@ turns the cycle's video of it into the very data URLs the cycle sends (the judge
 
 import json
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +33,7 @@ from nvrm.record.reader import load_frames, read_rows
 from nvrm.refresh.gate import failure_line
 from nvrm.refresh.swap import bundle_revision, swap_into
 from nvrm.video.inputs import sample_input
+from test_refresh import serve_oracle  # the same OpenAI-shaped answer around an oracle
 
 pytestmark = pytest.mark.slow
 
@@ -98,26 +97,6 @@ class Oracle:
         first, second = (self.quality(tuple(g)) for g in groups[-2:])
         self.asked += 1
         return "first" if first > second else "second" if second > first else "tie"
-
-
-def serve_oracle(oracle: Oracle) -> tuple[ThreadingHTTPServer, str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            out = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps({"winner": oracle.answer(body)})}}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
 class Policy:
