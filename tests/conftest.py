@@ -93,6 +93,19 @@ def _hermetic_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vae(tmp_path_factory) -> Path:
+    """A random tiny Wan2.1 VAE (diffusers' layout) for the latent decoder: seeded, so every test that asks gets the same."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("vae") / "tiny"
+    AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
+                     temperal_downsample=[False, True, True]).save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     from nvrm.synth.bundles import build_tiny_bundle
 

@@ -50,6 +50,21 @@ CONFIG = RefreshConfig(pairs_per_cycle=12, holdout=0.25, probe_contexts=2, probe
 """What ``refresh_argv`` asks for, as ``run_cycle`` takes it."""
 
 
+def shown_videos(body: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The two videos a judge request shows (the last two runs of image parts), each as its image URLs."""
+    groups, current = [], None
+    for part in body["messages"][0]["content"]:
+        if part["type"] == "image_url":
+            if current is None:
+                current = []
+                groups.append(current)
+            current.append(part["image_url"]["url"])
+        else:
+            current = None
+    first, second = groups[-2:]
+    return tuple(first), tuple(second)
+
+
 class Oracle:
     """Answers ``{"winner": ...}`` from the ground truth of the videos it is shown (see the module doc)."""
 
@@ -66,16 +81,7 @@ class Oracle:
         return self.table[urls]
 
     def answer(self, body: dict) -> str:
-        groups, current = [], None
-        for part in body["messages"][0]["content"]:
-            if part["type"] == "image_url":
-                if current is None:
-                    current = []
-                    groups.append(current)
-                current.append(part["image_url"]["url"])
-            else:
-                current = None
-        first, second = (self.quality(tuple(g)) for g in groups[-2:])
+        first, second = (self.quality(v) for v in shown_videos(body))
         self.asked += 1
         time.sleep(self.delay)
         return "first" if first > second else "second" if second > first else "tie"

@@ -33,7 +33,7 @@ from nvrm.record.reader import load_frames, read_rows
 from nvrm.refresh.gate import failure_line
 from nvrm.refresh.swap import bundle_revision, swap_into
 from nvrm.video.inputs import sample_input
-from test_refresh import serve_oracle  # the same OpenAI-shaped answer around an oracle
+from test_refresh import serve_oracle, shown_videos  # the same OpenAI-shaped answer around an oracle
 
 pytestmark = pytest.mark.slow
 
@@ -85,16 +85,7 @@ class Oracle:
         return self.table[urls]
 
     def answer(self, body: dict) -> str:
-        groups, current = [], None
-        for part in body["messages"][0]["content"]:
-            if part["type"] == "image_url":
-                if current is None:
-                    current = []
-                    groups.append(current)
-                current.append(part["image_url"]["url"])
-            else:
-                current = None
-        first, second = (self.quality(tuple(g)) for g in groups[-2:])
+        first, second = (self.quality(v) for v in shown_videos(body))
         self.asked += 1
         return "first" if first > second else "second" if second > first else "tie"
 

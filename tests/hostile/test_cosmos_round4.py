@@ -17,7 +17,6 @@ from helpers import InProcessServer, Server
 from nvrm.synth.clips import moving_square
 
 VIDEO = np.stack([moving_square(24, 64, 96, seed=40 + i, speed=1 + i) for i in range(2)])  # [2, T, H, W, 3] at 4 fps
-TINY_VAE = {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True]}
 
 
 def body_of(meta: dict, array: np.ndarray) -> bytes:
@@ -33,17 +32,6 @@ def pulled(s, uid: str, timeout: float = 120, **kw):
         if r.status_code != 425 or time.time() > deadline:
             return r
         time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def vae(tmp_path_factory):
-    import torch
-    from diffusers import AutoencoderKLWan
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("vae") / "tiny"
-    AutoencoderKLWan(**TINY_VAE).save_pretrained(str(path))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -241,9 +241,7 @@ class Registry:
         with self._lock:
             old = self.entries[name]
             self.replacing.add(name)
-            old.retired = True
-            self.retiring.append(old)
-            idle = old.inflight == 0
+            idle = self._retire(old)
         if idle:
             self._free(old)
         return old
@@ -283,12 +281,16 @@ class Registry:
             self.replacing.discard(e.name)
             if old is None or old.retired:  # none, or held and drained already (--swap-mode replace)
                 return None
-            old.retired = True
-            self.retiring.append(old)
-            idle = old.inflight == 0
+            idle = self._retire(old)
         if idle:
             self._free(old)
         return old
+
+    def _retire(self, old: Entry) -> bool:
+        """Mark ``old`` retired (the lock held); True when nothing is in flight on it, so the caller frees it now."""
+        old.retired = True
+        self.retiring.append(old)
+        return old.inflight == 0
 
     def _free(self, e: Entry) -> None:
         def run() -> None:
