@@ -12,6 +12,11 @@ sets ``~/.cache/nvrm/test-envs``; without it, ``.venv/matrix/``), each in a fold
 installs and the interpreter and torch it installs against: a second ``make test``, or a fresh clone
 on the same machine, builds nothing, and a changed pin builds a new folder instead of reusing a
 stale one. A build holds a lock on its folder, so two runs never build one environment at once.
+
+Environments are installed with uv (``install``; a test dependency, from the registry): it downloads in parallel
+and compiles no bytecode, so vLLM's 3 GB venv builds in about 20 s where pip took 12.5 minutes on these 2 cores,
+and verl's (6 GB with torch 2.14.1's CUDA libraries) in under a minute. pip still resolves the overlays against
+this environment (``--dry-run --report``), and installs the client where installing it is what a test checks.
 """
 
 from __future__ import annotations
@@ -27,6 +32,25 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
+UV = Path(sys.executable).parent / "uv"
+LOCAL_WHEELS = [p for p in (Path("/opt/wheels"), Path("/opt/pypi/files"), Path("/opt/pypi-more/files")) if p.is_dir()]
+"""This machine's local wheel folders (its torch builds lie there): searched besides the registry."""
+
+
+def install(python: Path, requirements: list[str], *, offline: bool = False, target: Path | None = None, no_deps: bool = False,
+            timeout: float = 1800) -> None:
+    """Install ``requirements`` with uv into the environment of ``python`` (or into the folder ``target``), finding
+    packages in this machine's local wheel folders besides the registry (``offline``: there only)."""
+    cmd = [str(UV), "pip", "install", "--quiet", "--python", str(python)]
+    for folder in LOCAL_WHEELS:
+        cmd += ["--find-links", str(folder)]
+    if offline:
+        cmd.append("--no-index")
+    if target is not None:
+        cmd += ["--target", str(target)]
+    if no_deps:
+        cmd.append("--no-deps")
+    _run([*cmd, *requirements], timeout=timeout)
 
 
 def matrix_dir() -> Path:
@@ -80,7 +104,7 @@ def _build_overlay(target: Path, requirements: list[str], no_deps: bool) -> Path
         pins = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in json.loads(report.read_text())["install"]]
     if any(p.lower().startswith(("torch==", "torchvision==")) for p in pins):
         raise RuntimeError(f"{requirements} would install another torch: {pins}")
-    _run([*pip, "install", "--no-deps", "--upgrade", "--target", str(target), *pins])
+    install(Path(sys.executable), pins, target=target, no_deps=True)
     done.write_text(json.dumps(requirements))
     return target
 
@@ -93,7 +117,7 @@ def env_with(target: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+def _run(cmd: list[str], timeout: float = 1800) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -20,6 +20,7 @@ import pytest
 
 from helpers import Server
 from helpers import run_checked as run
+from overlays import install
 from nvrm import Clip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +51,8 @@ def trainer_env(tmp_path_factory):
     py = venv / "bin" / "python"
     offline = ["--index-url", INDEXES[0].as_uri(), "--extra-index-url", INDEXES[1].as_uri(), "--find-links", str(WHEELS)]
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}  # only the local registry, whatever pip.conf says
-    run([str(py), "-m", "pip", "install", "-q", *offline, *TRAINER], env=env, timeout=1200)
-    run([str(py), "-m", "pip", "install", "-q", *offline, str(wheel)], env=env, timeout=600)
+    install(py, TRAINER, offline=True, timeout=1200)  # the trainer's own stack (uv: the same packages, faster)
+    run([str(py), "-m", "pip", "install", "-q", "--no-compile", *offline, str(wheel)], env=env, timeout=600)  # the client, as a user installs it
     return py
 
 

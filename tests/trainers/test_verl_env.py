@@ -28,7 +28,7 @@ import pytest
 
 from helpers import Server
 from helpers import run_checked as run
-from overlays import building, env_key, matrix_dir
+from overlays import building, env_key, install, matrix_dir
 
 pytestmark = pytest.mark.trainers
 
@@ -53,9 +53,9 @@ def verl_env(tmp_path_factory):
     with building(venv):
         if not (venv / ".complete").is_file():
             run([sys.executable, "-m", "venv", "--clear", str(venv)])
-            run([str(py), "-m", "pip", "install", "-q", *VERL, str(wheel)], timeout=2400)
+            install(py, [*VERL, str(wheel)], timeout=2400)
             (venv / ".complete").write_text("\n".join(VERL))
-        run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)])  # this checkout's code
+        install(py, ["--reinstall-package", "nvrm", "--no-deps", str(wheel)])  # this checkout's code
     run([str(py), "-m", "pip", "check"])
     return py
 

