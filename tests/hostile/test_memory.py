@@ -24,6 +24,8 @@ from nvrm.client import RewardClient
 from nvrm.errors import RemoteItemError, ServiceError
 from nvrm.synth.clips import moving_square
 
+pytestmark = pytest.mark.exclusive  # a server near its memory bound: no other such module beside it
+
 BUDGETS_MB = {"--max-inflight-mb": 192, "--context-cache-mb": 48, "--context-store-mb": 48, "--prefix-cache-mb": 16}
 CONTEXT_FRAMES = 192
 FORWARD_MB = CONTEXT_FRAMES * 76800 * 24 // 2**20  # the stated forward term: float32 pixel values of the longest context

@@ -25,12 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import pytest
 
 from helpers import Server, memory_mib
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.errors import RemoteItemError, ServiceError
 from nvrm.serve.config import ServeConfig
+
+pytestmark = pytest.mark.exclusive  # a server near its memory bound: no other such module beside it
 
 CLIENTS = 48
 DISTINCT = 12  # distinct contexts, each sent by CLIENTS // DISTINCT clients

@@ -8,12 +8,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from helpers import Server, memory_mib
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.errors import RemoteItemError, ServiceError
 from nvrm.synth.clips import moving_square
+
+pytestmark = pytest.mark.exclusive  # a server near its memory bound: no other such module beside it
 
 BUDGETS_MB = {"--max-inflight-mb": 256, "--context-cache-mb": 32, "--context-store-mb": 32, "--prefix-cache-mb": 16}
 FRAMES = 96  # 96 s at 1 fps; 144x256 sources: a 10.6 MB body, 44 MB of prepared frames each

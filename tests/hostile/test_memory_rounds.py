@@ -27,6 +27,8 @@ from nvrm.client import RewardClient
 from nvrm.errors import ServiceError
 from nvrm.synth.clips import moving_square
 
+pytestmark = pytest.mark.exclusive  # a server near its memory bound: no other such module beside it
+
 ROUNDS = 3
 PER_ROUND = 8  # concurrent requests a round, each with a distinct context
 FRAMES = 48  # 48 s at 1 fps of 144x256: about 20 MB of prepared frames a request

