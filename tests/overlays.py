@@ -15,8 +15,8 @@ stale one. A build holds a lock on its folder, so two runs never build one envir
 
 Environments are installed with uv (``install``; a test dependency, from the registry): it downloads in parallel
 and compiles no bytecode, so vLLM's 3 GB venv builds in about 20 s where pip took 12.5 minutes on these 2 cores,
-and verl's (6 GB with torch 2.14.1's CUDA libraries) in under a minute. pip still resolves the overlays against
-this environment (``--dry-run --report``), and installs the client where installing it is what a test checks.
+and verl's (6 GB with torch 2.14.1's CUDA libraries) in under a minute. Overlays stay with pip (small; resolved
+against this environment with ``--dry-run --report``), and so does the client where installing it is what a test checks.
 """
 
 from __future__ import annotations
@@ -37,19 +37,14 @@ LOCAL_WHEELS = [p for p in (Path("/opt/wheels"), Path("/opt/pypi/files"), Path("
 """This machine's local wheel folders (its torch builds lie there): searched besides the registry."""
 
 
-def install(python: Path, requirements: list[str], *, offline: bool = False, target: Path | None = None, no_deps: bool = False,
-            timeout: float = 1800) -> None:
-    """Install ``requirements`` with uv into the environment of ``python`` (or into the folder ``target``), finding
-    packages in this machine's local wheel folders besides the registry (``offline``: there only)."""
+def install(python: Path, requirements: list[str], *, offline: bool = False, timeout: float = 1800) -> None:
+    """Install ``requirements`` with uv into the environment of ``python``, finding packages in this machine's local
+    wheel folders besides the registry (``offline``: there only)."""
     cmd = [str(UV), "pip", "install", "--quiet", "--python", str(python)]
     for folder in LOCAL_WHEELS:
         cmd += ["--find-links", str(folder)]
     if offline:
         cmd.append("--no-index")
-    if target is not None:
-        cmd += ["--target", str(target)]
-    if no_deps:
-        cmd.append("--no-deps")
     _run([*cmd, *requirements], timeout=timeout)
 
 
@@ -104,7 +99,8 @@ def _build_overlay(target: Path, requirements: list[str], no_deps: bool) -> Path
         pins = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in json.loads(report.read_text())["install"]]
     if any(p.lower().startswith(("torch==", "torchvision==")) for p in pins):
         raise RuntimeError(f"{requirements} would install another torch: {pins}")
-    install(Path(sys.executable), pins, target=target, no_deps=True)
+    # pip, not uv: an overlay is small, and pip honours PIP_IGNORE_REQUIRES_PYTHON (unirl's client declares 3.12)
+    _run([*pip, "install", "--no-compile", "--no-deps", "--upgrade", "--target", str(target), *pins])
     done.write_text(json.dumps(requirements))
     return target
 

@@ -9,6 +9,8 @@ import ray  # installed by the test extra: these tests run in CI, never skipped
 from nvrm.cli.main import main
 from helpers import GROUP_ULPS, bf16_ulp
 
+pytestmark = pytest.mark.exclusive  # a local Ray cluster of its own: one at a time under make test's two workers
+
 
 
 

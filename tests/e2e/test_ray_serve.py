@@ -18,6 +18,8 @@ from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.synth.clips import moving_square
 
+pytestmark = pytest.mark.exclusive  # a local Ray cluster of its own: one at a time under make test's two workers
+
 NVRM = Path(sys.executable).parent / "nvrm"
 DEMO = Path(__file__).resolve().parents[2] / "src" / "nvrm" / "assets" / "demo-bundle"
 """The second served model (``--model mine=DEMO``): every replica holds both, by name."""

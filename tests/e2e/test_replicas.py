@@ -14,7 +14,7 @@ from nvrm import Clip
 from nvrm.synth.clips import moving_square
 from redis_server import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 CTX = Clip(moving_square(2, 64, 32, seed=1), fps=1)
 CANDS = [Clip(moving_square(5, 64, 32, seed=10 + i, speed=1 + i), fps=1) for i in range(3)]

@@ -16,6 +16,8 @@ from nvrm.train import TrainConfig
 from nvrm.train.store import StoreReader, read_entries
 from nvrm.train.trainer import Trainer
 
+pytestmark = pytest.mark.exclusive  # a local Ray cluster of its own: one at a time under make test's two workers
+
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):

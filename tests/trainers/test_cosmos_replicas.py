@@ -16,7 +16,7 @@ from redis_server import RedisServer
 from test_cosmos_env import HERE, _expected, cosmos_site, vae  # noqa: F401 - the fixtures, shared
 from overlays import env_with
 
-pytestmark = [pytest.mark.trainers, pytest.mark.slow]
+pytestmark = [pytest.mark.trainers, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def test_cosmos_rl_client_code_gets_every_reward_from_two_ray_replicas(cosmos_site, vae, demo, tmp_path):  # noqa: F811
