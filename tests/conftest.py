@@ -26,7 +26,9 @@ def pytest_configure(config):
     # multiprocessing removes its own temp folder at exit, after this run's folder is gone: it lives
     # in the system temp folder, made now (before TMPDIR moves), and goes away with the process
     multiprocessing.util.get_temp_dir()
-    parent = os.environ.get(_ROOT_ENV)
+    # a worker of make test's two gets a folder of its own beside the controller's, not inside it: Ray's socket paths
+    # under a nested folder pass AF_UNIX's 107-byte limit (a nested run inside a test still nests)
+    parent = os.path.dirname(os.environ[_ROOT_ENV]) if hasattr(config, "workerinput") and os.environ.get(_ROOT_ENV) else os.environ.get(_ROOT_ENV)
     root = tempfile.mkdtemp(prefix="nvrm-tests-", dir=parent or None)
     config._nvrm_test_root = root
     os.environ[_ROOT_ENV] = root
@@ -34,7 +36,7 @@ def pytest_configure(config):
         os.makedirs(os.path.join(root, sub))
         os.environ[name] = os.path.join(root, sub)
     tempfile.tempdir = None  # re-read TMPDIR
-    if config.option.basetemp is None or os.environ.get("PYTEST_XDIST_WORKER"):
+    if config.option.basetemp is None or hasattr(config, "workerinput"):
         # a worker of ``make test``'s two keeps its tmp paths in its own folder too (xdist hands it one under
         # the controller's basetemp otherwise)
         config.option.basetemp = os.path.join(root, "pytest")

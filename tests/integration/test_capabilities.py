@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,9 @@ def test_numerics_hold_under_capability(capability):
         pytest.skip(f"this CPU cannot run ATen's {capability} kernels")
     if capability == current_capability():
         pytest.skip(f"the main run already runs with {capability}")
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, INSIDE: capability}
+    # its own inductor cache: kernels (and their precompiled header) built under this run's capability must not be reused
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, INSIDE: capability,
+           "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix=f"inductor-{capability}-")}
     probe = subprocess.run(
         [sys.executable, "-c", "from nvrm.fidelity.numerics import current_capability as c; print(c())"],
         env=env, capture_output=True, text=True, cwd=ROOT,
