@@ -141,14 +141,16 @@ def test_requests_naming_one_context_go_to_the_replica_that_holds_it(ray_server,
             answered.setdefault(k, []).append(out["replica"])
             if rnd == 0:
                 assert out["results"][0]["reward"] == model.score(f"p{k}", ctx, CANDS[0]).reward
+        if rnd == 0:
+            time.sleep(2.0)  # Ray Serve learns a replica's held hashes from its reports (pushed every 0.1 s, then
+            # broadcast to the proxy): give the first uploads that long, so later rounds measure routing, not lag
     homes = {k: max(set(v), key=v.count) for k, v in answered.items()}
     routed = sum(r == homes[k] for k, v in answered.items() for r in v) / sum(len(v) for v in answered.values())
     hit_rate = (len(inline) - sum(inline)) / (len(inline) - len(CONTEXTS))  # later requests served by ref, no resend
     print(f"routing: {routed:.2f} of {len(inline)} requests on their context's replica; context-store hit rate {hit_rate:.2f} "
           f"({sum(inline)} inline sends for {len(CONTEXTS)} contexts); replicas used {len(set(homes.values()))}")
-    # Ray Serve learns which replica holds a hash from that replica's reports, with a lag of about a
-    # second, so a request right after the first can still land elsewhere (and resend its context)
-    assert routed >= 0.75 and hit_rate >= 0.5
+    # a miss (a by-ref request routed elsewhere) registers nothing, so no replica claims a context it lacks
+    assert routed >= 0.9 and hit_rate >= 0.8
 
 
 CONTEXTS = [Clip(moving_square(8, 64, 80, seed=300 + k), fps=4) for k in range(6)]

@@ -7,8 +7,9 @@ to a replica; a group is one request, so it is scored on one replica.
 
 Requests that name one context go to the replica that holds it: nvrm's client
 sends the context's content hash in Ray Serve's ``serve_multiplexed_model_id``
-header (``ROUTE_HEADER``), and each replica registers the hashes it has served
-as multiplexed "models", so the proxy prefers that replica for them. The
+header (``ROUTE_HEADER``), and each replica registers the hashes it has answered
+for (never after a miss) as multiplexed "models", so the proxy prefers that
+replica for them. The
 upload, the presence check and the scoring requests of one context all carry
 it, so the context store, the prepared-context cache and the kept prefill of
 that context live on one replica.
@@ -85,9 +86,13 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
 
             @app.middleware("http")
             async def route_by_context(request, call_next):
-                if request.headers.get(ROUTE_HEADER):
+                response = await call_next(request)
+                if request.headers.get(ROUTE_HEADER) and response.status_code < 400:
+                    # only once this replica holds the context (an answered upload, presence check or score):
+                    # a 404 presence check or a 409 context_unknown registering it would send its later
+                    # requests here to miss again
                     await replica.hold(serve.get_multiplexed_model_id())
-                return await call_next(request)
+                return response
 
             return app
 
