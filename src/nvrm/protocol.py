@@ -116,6 +116,7 @@ class ErrorCode(str, Enum):
     SHUTTING_DOWN = "shutting_down", 503
     UNAVAILABLE = "unavailable", 503
     BACKEND_UNAVAILABLE = "backend_unavailable", 503
+    HUB_UNAVAILABLE = "hub_unavailable", 502
     JOB_STORE_FULL = "job_store_full", 503
     JOB_STORE_UNAVAILABLE = "job_store_unavailable", 503
     TIMEOUT = "timeout", 504

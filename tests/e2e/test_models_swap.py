@@ -172,6 +172,43 @@ def test_swap_refusals_change_nothing(server, bundles):
     assert server.client().score("p", CTX, CANDS[0]).model_revision == before["nvrm"]
 
 
+def test_a_swap_from_a_hub_repo_pinned_to_a_revision(server, bundles, tmp_path, monkeypatch):
+    """PUT {"repo", "revision"}: the bundle through huggingface_hub, here from its cache (no Hub is reachable from these
+    machines: offline mode, and a cache laid out as huggingface_hub lays it out); refusals in one line, nothing changed."""
+    from huggingface_hub import constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--worl--nvrm-retrained"
+    shutil.copytree(bundles["b"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def hub(body):
+        headers = {"content-type": "application/json", ADMIN_HEADER: KEY}
+        return server.http.put("/v1/models/nvrm", content=json.dumps(body), headers=headers, timeout=120)
+
+    before = served(server)
+    for body, status, words in [
+        ({"repo": "worl/nvrm-retrained"}, 400, "pinned to a revision"),
+        ({"repo": "worl/absent", "revision": commit}, 502, "cannot download worl/absent"),
+        ({"repo": "not a repo", "revision": commit}, 400, "not a Hub repo id"),
+        ({"repo": "worl/nvrm-retrained", "revision": commit, "path": str(bundles["b"])}, 400, "both a path and a repo"),
+    ]:
+        r = hub(body)
+        message = r.json()["error"]["message"]
+        assert r.status_code == status and words in message and "\n" not in message, (body, r.text)
+    assert served(server) == before
+    r = hub({"repo": "worl/nvrm-retrained", "revision": commit})
+    assert r.status_code == 200, r.text
+    assert r.json()["revision"] == manifest_sha256(bundles["b"]) != before["nvrm"]
+    assert server.client().score("p", CTX, CANDS[0]).model_revision == manifest_sha256(bundles["b"])
+    assert put(server, "nvrm", bundles["a"]).status_code == 200
+    r = hub({"repo": "worl/nvrm-retrained", "revision": "main"})  # a branch, through the cache's refs
+    assert r.status_code == 200 and r.json()["revision"] == manifest_sha256(bundles["b"]), r.text
+
+
 def test_several_named_models(bundles, models, expected):
     specs = [("a", str(bundles["a"])), ("mine", str(bundles["b"]))]
     loaded = iter([models["a"], models["b"]])
@@ -368,10 +405,11 @@ def test_done_when_8_clients_score_without_pause_while_the_demo_bundle_and_a_ret
           f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")
 
 
-def test_swaps_are_refused_on_ray_until_they_roll(bundles, monkeypatch, capsys):
+def test_watch_is_refused_on_ray_and_points_at_the_rolling_put(bundles, capsys):
+    """(Swaps on Ray Serve roll over the replicas: tests/e2e/test_ray_serve.py.) ``--watch`` would swap each replica
+    on its own, so it is refused, before Ray starts, in one line."""
     from nvrm.cli.main import main
 
-    monkeypatch.setenv("NVRM_RAY_ADMIN", KEY)
-    assert main(["serve", "--model", str(bundles["a"]), "--ray", "--admin-key-env", "NVRM_RAY_ADMIN"]) == 2
+    assert main(["serve", "--model", str(bundles["a"]), "--ray", "--watch", f"nvrm={bundles['root']}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--admin-key-env" in err and "only the replica" in err and "\n" not in err
+    assert "--watch" in err and "PUT /v1/models/NAME" in err and "\n" not in err

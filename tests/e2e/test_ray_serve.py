@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,9 @@ import ray.serve  # noqa: F401 - installed by the test extra: these tests run in
 from helpers import GROUP_ULPS, bf16_ulp, in_threads
 from nvrm import Clip
 from nvrm.client import RewardClient
+from nvrm.serve.model_swap import ADMIN_HEADER
+from nvrm.serve.models import manifest_sha256
+from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 
 pytestmark = pytest.mark.exclusive  # a local Ray cluster of its own: one at a time under make test's two workers
@@ -23,12 +28,19 @@ pytestmark = pytest.mark.exclusive  # a local Ray cluster of its own: one at a t
 NVRM = Path(sys.executable).parent / "nvrm"
 DEMO = Path(__file__).resolve().parents[2] / "src" / "nvrm" / "assets" / "demo-bundle"
 """The second served model (``--model mine=DEMO``): every replica holds both, by name."""
+ADMIN = "admin-secret"
 CTX = Clip(moving_square(8, 64, 80, seed=1), fps=4)
 CANDS = [Clip(moving_square(20, 64, 80, seed=10 + i, speed=1 + i), fps=4) for i in range(3)]
 
 
 @pytest.fixture(scope="module")
-def ray_server(tiny_bundle, tmp_path_factory):
+def other_bundle(tmp_path_factory):
+    """A second bundle of the tiny bundle's contract, other weights (the same writer, another seed): the swap's target."""
+    return build_tiny_bundle(tmp_path_factory.mktemp("rollto") / "b", ArchSpec(seed=7))
+
+
+@pytest.fixture(scope="module")
+def ray_server(tiny_bundle, other_bundle, tmp_path_factory):
     import socket
 
     with socket.socket() as s:
@@ -38,8 +50,9 @@ def ray_server(tiny_bundle, tmp_path_factory):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(
         [str(NVRM), "serve", "--model", str(tiny_bundle), "--model", f"mine={DEMO}", "--ray", "--replicas", "2", "--cpus-per-replica", "0.5",
-         "--port", str(port), "--api-key-env", "NVRM_KEY"],
-        stdout=log, stderr=subprocess.STDOUT, env={**env, "NVRM_KEY": "k"},
+         "--port", str(port), "--api-key-env", "NVRM_KEY", "--admin-key-env", "NVRM_ADMIN",
+         "--allow-dir", str(tiny_bundle.parent), "--allow-dir", str(other_bundle.parent)],
+        stdout=log, stderr=subprocess.STDOUT, env={**env, "NVRM_KEY": "k", "NVRM_ADMIN": ADMIN},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
@@ -164,6 +177,95 @@ def test_auth_and_limits_hold_on_every_replica(ray_server):
     assert info["limits"]["auth"] is True and info["limits"]["max_request_items"] == 256
     bad = httpx.post(url + "/v1/score", content=b"{oops", headers={"Authorization": "Bearer k", "content-type": "application/json"}, timeout=60)
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+
+
+def _put(url, name, path, key=ADMIN):
+    headers = {"Authorization": "Bearer k", "content-type": "application/json", **({ADMIN_HEADER: key} if key else {})}
+    return httpx.put(f"{url}/v1/models/{name}", json={"path": str(path)}, headers=headers, timeout=600)
+
+
+def test_a_swap_rolls_over_the_replicas_one_at_a_time_while_clients_score(ray_server, tiny_bundle, other_bundle, model, tmp_path):
+    """PUT /v1/models/nvrm under --ray: the replica it reaches swaps, then the other, in turn; no request fails, every
+    reward is its revision's in-process reward, and once the PUT answers no replica serves the old revision.
+    (It swaps back at the end; only the SIGTERM test comes after it.)"""
+    from nvrm import RewardModel
+
+    url, _, log = ray_server
+    rev_a, rev_b = manifest_sha256(tiny_bundle), manifest_sha256(other_bundle)
+    with RewardModel.from_pretrained(other_bundle, device="cpu") as b:
+        want = {rev_a: [model.score("p", CTX, c).reward for c in CANDS], rev_b: [b.score("p", CTX, c).reward for c in CANDS]}
+    assert rev_a != rev_b and all(x != y for x, y in zip(want[rev_a], want[rev_b]))
+
+    # refusals first: each one line, and nothing changes on any replica
+    assert _put(url, "nvrm", other_bundle, key=None).status_code == 401
+    assert _put(url, "nvrm", other_bundle, key="wrong").status_code == 403
+    bad = tmp_path / "bad"  # not under an --allow-dir
+    assert _put(url, "nvrm", bad).status_code == 403
+    flipped = other_bundle.parent / "flipped"
+    shutil.copytree(other_bundle, flipped)
+    weights = sorted(flipped.glob("*.safetensors"))[0]
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    r = _put(url, "nvrm", flipped)
+    assert r.status_code == 400 and "fails verification" in r.json()["error"]["message"] and "\n" not in r.json()["error"]["message"], r.text
+
+    stop = threading.Event()
+    seen: list[tuple[float, str, str, int, float]] = []  # (sent at, revision, replica, candidate, reward)
+    failures: list[str] = []
+
+    def score(k: int) -> None:
+        c = RewardClient(url, api_key="k", presample=False, context_refs=False, retries=0)
+        i = 0
+        while not stop.is_set():
+            j = (k + i) % len(CANDS)
+            t0 = time.time()
+            try:
+                out = c._post("/v1/score", lambda inline: c._items([("p", CTX, CANDS[j])], True, inline))
+                row = out["results"][0]
+                seen.append((t0, row["model_revision"], out["replica"], j, row["reward"]))
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"client {k} request {i}: {e}")
+            i += 1
+
+    clients = [threading.Thread(target=score, args=(k,)) for k in range(4)]
+    for t in clients:
+        t.start()
+    answers: list[httpx.Response] = []
+    try:
+        time.sleep(2.0)
+        first = threading.Thread(target=lambda: answers.append(_put(url, "nvrm", other_bundle)))
+        first.start()
+        time.sleep(0.5)
+        answers.append(_put(url, "nvrm", other_bundle))  # while the first rolls: 409
+        first.join()
+        rolled_at = time.time()
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    assert sorted(a.status_code for a in answers) == [200, 409], [a.text for a in answers]
+    done = next(a.json() for a in answers if a.status_code == 200)
+    assert done["revision"] == rev_b and done["previous_revision"] == rev_a
+    turns = done["replicas"]
+    assert len({t["replica"] for t in turns}) == 2 and {t["revision"] for t in turns} == {rev_b}, turns
+    assert turns[0]["finished"] <= turns[1]["started"], turns  # one replica at a time
+    assert failures == [], failures[:3]
+    other = {rev_a: rev_b, rev_b: rev_a}
+    for _, rev, _, j, reward in seen:  # a replica runs on its own CPU share (one thread), so a few ulps, as in the tests above;
+        w = want[rev][j]  # and nearer its own revision's reward than the other's
+        assert abs(reward - w) <= GROUP_ULPS * bf16_ulp(w) and abs(reward - w) < abs(reward - want[other[rev]][j]), (rev, j, reward)
+    before = [s for s in seen if s[0] < turns[0]["started"]]
+    after = [s for s in seen if s[0] > rolled_at]
+    assert before and {s[1] for s in before} == {rev_a}
+    assert after and {s[1] for s in after} == {rev_b}, {(s[1], s[2]) for s in after}  # no replica left on the old revision
+    assert len({s[2] for s in after}) == 2  # both replicas answered after the roll
+    print(f"rolling swap: {len(seen)} results from 4 clients, turns "
+          + ", ".join(f"{t['replica'][-6:]} {t['finished'] - t['started']:.1f} s" for t in turns))
+
+    back = _put(url, "nvrm", tiny_bundle)  # as the module began
+    assert back.status_code == 200 and back.json()["revision"] == rev_a, back.text
 
 
 def test_sigterm_stops_the_deployment(ray_server):

@@ -64,10 +64,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     specs = parse_model_specs(args.model)
     if args.ray and config.watch:
-        raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own (not supported yet)")
-    if args.ray and config.admin_key_env:
-        raise ConfigError("--admin-key-env: model swaps run on one server; with --ray a PUT would swap only the replica it reached "
-                          "(rolling swaps are not supported yet)")
+        raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own: "
+                          "roll a swap over the replicas with PUT /v1/models/NAME (--admin-key-env) instead")
     args.model = specs[0][1]
     backend = backend_kwargs(args)
     if args.ray and backend["backend"] != "nvrm":

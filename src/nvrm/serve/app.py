@@ -13,7 +13,7 @@ import asyncio
 import logging
 import threading
 from contextlib import asynccontextmanager
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -30,8 +30,13 @@ from .serving import Serving  # noqa: F401  (the single-model service; MultiServ
 log = logging.getLogger(__name__)
 
 
-def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
-    """An app serving ``model_or_loader`` (a RewardModel, a callable that loads one, or ``models.NamedModels``)."""
+def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[[str], None] | None = None,
+               swap: Callable[..., Awaitable[Any]] | None = None,
+               background: Sequence[Callable[[MultiServing], Awaitable[None]]] = ()) -> FastAPI:
+    """An app serving ``model_or_loader`` (a RewardModel, a callable that loads one, or ``models.NamedModels``).
+
+    ``swap`` replaces how ``PUT /v1/models/{name}`` swaps (``model_swap.swap``; Ray Serve's replicas roll instead:
+    ``ray_swaps.rolling_swap``); each of ``background`` is run as a task for the app's life (given the service)."""
     named = model_or_loader if isinstance(model_or_loader, NamedModels) else None
     state = MultiServing(config, named.names if named else None, named.rest if named else None)
     jobs = JobService(state)
@@ -59,10 +64,11 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
             threading.Thread(target=load, name="nvrm-load", daemon=True).start()
         elif state.model is None:
             install(model_or_loader)
-        polling = asyncio.create_task(watcher.run(), name="nvrm-watch") if watcher else None
+        tasks = [asyncio.create_task(watcher.run(), name="nvrm-watch")] if watcher else []
+        tasks += [asyncio.create_task(run(state), name=f"nvrm-background-{i}") for i, run in enumerate(background)]
         yield
-        if polling is not None:
-            polling.cancel()
+        for task in tasks:
+            task.cancel()
         jobs.store.cancel_all()
         # uvicorn has already waited for in-flight requests (graceful shutdown); the drain a signal began
         # (nvrm.serve.launcher) is this same one: here it is begun if need be and waited for
@@ -84,7 +90,7 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
         app.include_router(router)
     for router in (unirl_routes.unirl_router(state), drm_routes.drm_router(state)):  # UniRL's and verl-omni's (issue 41)
         app.include_router(router)
-    app.include_router(models_router(state))  # GET /v1/models, PUT /v1/models/{name} (nvrm.serve.model_swap)
+    app.include_router(models_router(state, swap))  # GET /v1/models, PUT /v1/models/{name} (nvrm.serve.model_swap)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

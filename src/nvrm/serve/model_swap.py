@@ -1,6 +1,7 @@
 """``GET /v1/models`` and ``PUT /v1/models/{name}``: list the served models, and swap one under load.
 
     PUT {"path": DIR} with the admin key ─► checks (key, name, --allow-dir, one swap at a time)
+        (or {"repo": ORG/NAME, "revision": REV}: the bundle from the Hub cache, downloaded there if need be)
         ─► (a thread) verify the manifest ─► fits beside the old model? ─► load beside it ─► same contract?
         ─► warm up on one item ─► switch the pointer atomically ─► the old revision finishes what it admitted, then is freed
 
@@ -50,15 +51,45 @@ def check_admin(serving: MultiServing, key: str | None) -> Reply | None:
     return None
 
 
-def allowed_path(serving: MultiServing, raw: bytes) -> str:
-    """The bundle folder a swap body names, resolved, if it lies under an ``--allow-dir`` (else ``RequestError``)."""
+SEND = 'send {"path": "BUNDLE_DIR"} or {"repo": "ORG/NAME", "revision": "COMMIT"}'
+
+
+def swap_body(raw: bytes) -> dict[str, Any]:
+    """A swap request's JSON object (else ``RequestError``)."""
     try:
         body = json.loads(raw or b"{}")
     except ValueError as e:
-        raise RequestError("request", 'is not JSON; send {"path": "BUNDLE_DIR"}') from e
-    path = body.get("path") if isinstance(body, dict) else None
+        raise RequestError("request", f"is not JSON; {SEND}") from e
+    if not isinstance(body, dict):
+        raise RequestError("request", f"is not a JSON object; {SEND}")
+    return body
+
+
+def from_hub(body: dict[str, Any]) -> str:
+    """The local folder of the hub bundle a swap body names (``repo`` at ``revision``), downloaded into the Hub cache
+    if it is not there (runs in a thread); ``RequestError`` naming the repo and the reason when it cannot be had."""
+    from ..bundle.hub import download_bundle
+    from ..errors import DownloadError
+
+    repo, revision = body.get("repo"), body.get("revision")
+    if not isinstance(repo, str) or repo.count("/") != 1 or repo.startswith((".", "/", "~")):
+        raise RequestError("request.repo", f"{repo!r} is not a Hub repo id like ORG/NAME; {SEND}")
+    if not isinstance(revision, str) or not revision:
+        raise RequestError("request.revision", f"is missing: a swap from {repo} is pinned to a revision (a commit sha, tag or branch)")
+    if "path" in body:
+        raise RequestError("request", f"names both a path and a repo; {SEND}")
+    try:
+        return str(download_bundle(repo, revision=revision))
+    except DownloadError as e:
+        raise RequestError("request.repo", str(e), code=ErrorCode.HUB_UNAVAILABLE) from e
+
+
+def allowed_path(serving: MultiServing, raw: bytes | dict[str, Any]) -> str:
+    """The bundle folder a swap body names, resolved, if it lies under an ``--allow-dir`` (else ``RequestError``)."""
+    body = raw if isinstance(raw, dict) else swap_body(raw)
+    path = body.get("path")
     if not isinstance(path, str) or not path:
-        raise RequestError("request.path", 'is missing; send {"path": "BUNDLE_DIR"}')
+        raise RequestError("request.path", f"is missing; {SEND}")
     real = os.path.realpath(os.path.expanduser(path))
     if not any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in serving.config.allow_dirs):
         raise RequestError("request.path", f"{path} is not under an --allow-dir of this server", code=ErrorCode.FORBIDDEN)
@@ -210,16 +241,18 @@ async def swap(serving: MultiServing, name: str, path: str) -> Reply:
         serving.registry.swapping.release()
 
 
-def models_router(serving: MultiServing) -> APIRouter:
-    """``GET /v1/models`` and the admin's ``PUT /v1/models/{name}``."""
+def models_router(serving: MultiServing, swap_with: Callable[..., Any] | None = None) -> APIRouter:
+    """``GET /v1/models`` and the admin's ``PUT /v1/models/{name}`` (swapped by ``swap_with``, else by ``swap``)."""
     router = APIRouter()
+    swap_with = swap_with or swap
     from .routes import response
 
     @router.get("/v1/models", summary="The served models: name, revision (manifest sha256), contract, state, memory")
     async def list_models():
         return response(serving.list_models())
 
-    @router.put("/v1/models/{name}", summary='Swap a model under load: {"path": BUNDLE_DIR} under --allow-dir, with the admin key')
+    @router.put("/v1/models/{name}", summary='Swap a model under load: {"path": BUNDLE_DIR} under --allow-dir, or {"repo": ..., '
+                '"revision": ...} from the Hub, with the admin key')
     async def put_model(name: str, request: Request):
         if (refused := check_admin(serving, request.headers.get(ADMIN_HEADER))) is not None:
             return response(refused)
@@ -227,9 +260,10 @@ def models_router(serving: MultiServing) -> APIRouter:
             return response(busy)
         try:
             serving.registry.current(name)
-            path = allowed_path(serving, await request.body())
+            body = swap_body(await request.body())
+            path = await asyncio.to_thread(from_hub, body) if "repo" in body else allowed_path(serving, body)
         except RequestError as e:
             return response(serving.refused(e))
-        return response(await swap(serving, name, path))
+        return response(await swap_with(serving, name, path))
 
     return router

@@ -14,6 +14,9 @@ upload, the presence check and the scoring requests of one context all carry
 it, so the context store, the prepared-context cache and the kept prefill of
 that context live on one replica.
 
+With ``--admin-key-env``, ``PUT /v1/models/NAME`` rolls a swap over the replicas, one at a time
+(``ray_swaps``): the others keep serving meanwhile, and a replica Ray Serve starts later loads what is live.
+
     nvrm serve --model DIR --ray --replicas 4 --gpus-per-replica 1 [--ray-address auto]
 """
 
@@ -49,9 +52,10 @@ def _with_replica_id(config, serve):
 
 
 def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *, replicas: int, gpus_per_replica: float,
-                     cpus_per_replica: float):
+                     cpus_per_replica: float, rollout=None):
     """A bound Ray Serve application: ``replicas`` copies of the service, each loading its bundles once. ``bundle``: one
-    folder, or ``[(name, folder)]`` for several models by name (the first the default, as ``--model NAME=DIR``)."""
+    folder, or ``[(name, folder)]`` for several models by name (the first the default, as ``--model NAME=DIR``).
+    ``rollout``: the handle of a ``ray_swaps.Rollout`` actor, with which the replicas roll swaps (``--admin-key-env``)."""
     _, serve = _require_serve()
     from ..scoring.reward_model import RewardModel
     from .app import create_app
@@ -70,9 +74,16 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
     class NvrmReplica:
         """One replica: loads the bundle once, then builds the service app around it (in the replica)."""
 
-        def __init__(self) -> None:  # every model loaded before Serve routes traffic here
-            self.models = {where: RewardModel.from_pretrained(where, settings=settings) for _, where in specs}
-            self.model = self.models[specs[0][1]]
+        def __init__(self, rollout=None) -> None:  # every model loaded before Serve routes traffic here
+            import ray
+
+            self.config, self.rollout = _with_replica_id(config, serve), rollout
+            self.specs = specs
+            if rollout is not None:  # what is live now: a replica started after a swap (or during one) loads that
+                live = ray.get(rollout.join.remote(self.config.replica_id))
+                self.specs = [(name, live.get(name, where)) for name, where in specs]
+            self.models = {where: RewardModel.from_pretrained(where, settings=settings) for _, where in self.specs}
+            self.model = self.models[self.specs[0][1]]
 
         @serve.multiplexed(max_num_models_per_replica=4096)
         async def hold(self, ref: str) -> str:
@@ -80,8 +91,14 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
             return ref
 
         def __serve_build_asgi_app__(self):
-            served = NamedModels(specs, self.models.__getitem__) if named else self.model
-            app = create_app(served, _with_replica_id(config, serve))
+            served = NamedModels(self.specs, self.models.__getitem__) if named else self.model
+            rolling = {}
+            if self.rollout is not None:
+                from .ray_swaps import poll, rolling_swap
+
+                rid, rollout = self.config.replica_id, self.rollout
+                rolling = {"swap": rolling_swap(rollout, rid), "background": [lambda state: poll(rollout, rid, state)]}
+            app = create_app(served, self.config, **rolling)
             replica = self
 
             @app.middleware("http")
@@ -96,7 +113,7 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
 
             return app
 
-    return NvrmReplica.bind()
+    return NvrmReplica.bind(rollout)
 
 
 def serve_on_ray(
@@ -123,10 +140,15 @@ def serve_on_ray(
         connect(config.job_store).close()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    rollout = None
+    if config.admin_key is not None:  # PUT /v1/models/NAME rolls over the replicas (nvrm.serve.ray_swaps)
+        from .ray_swaps import Rollout
+
+        rollout = ray.remote(num_cpus=0)(Rollout).remote({name: where for name, where in resolved})
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(
         build_deployment(resolved if not isinstance(bundle, str) else resolved[0][1], settings, config, replicas=replicas,
-                         gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica),
+                         gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica, rollout=rollout),
         name="nvrm",
         route_prefix="/",
     )
