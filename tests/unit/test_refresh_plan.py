@@ -87,6 +87,10 @@ def test_wilson_interval():
     lo, hi = wilson(8, 10)
     assert lo < 0.8 < hi and lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
     assert wilson(10, 10)[1] == pytest.approx(1.0)
+    for k, n in [(0, 1), (0, 3), (0, 7), (3, 3), (7, 7), (1, 3)]:  # the interval holds the proportion, whatever the rounding
+        lo, hi = wilson(k, n)
+        assert 0 <= lo <= k / n <= hi <= 1, (k, n, lo, hi)
+    assert wilson(0, 3)[0] == 0.0 and wilson(3, 3)[1] == 1.0
 
 
 def side(acc, n=10):

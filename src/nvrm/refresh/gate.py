@@ -33,7 +33,8 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float] | No
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # it holds p; at p = 0 or 1 rounding would leave it just outside (5.6e-17 above an accuracy of 0, measured)
+    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
 
 
 def _side(summary: dict[str, Any], failed: int) -> dict[str, Any]:
