@@ -258,7 +258,7 @@ def random_vae(kind: str, folder: Path) -> Path:
     return folder
 
 
-def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float, list[float]]:
+def cosmos_group(url: str, bodies: list[bytes], poll_s: float = 0.1) -> tuple[float, float, list[float]]:
     """(seconds from the first enqueue to the last pull, decode seconds, the rewards in body order) of B = 1 rollouts
     all enqueued at once (one thread each, as cosmos-rl's rollout workers send them)."""
     group = len(bodies)
@@ -272,7 +272,7 @@ def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float, list[floa
                 if a.status_code != 425:
                     answers[i] = a.json()
                     return
-                time.sleep(0.1)  # a poll every 0.1 s: faster polling would load this 2-core machine itself
+                time.sleep(poll_s)  # 0.1 s by default: faster polling would load this 2-core machine itself
 
     t = time.perf_counter()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(group)]
@@ -288,7 +288,7 @@ def cosmos_group(url: str, bodies: list[bytes]) -> tuple[float, float, list[floa
 
 
 def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int, int], group: int = 8, rounds: int = 3,
-                   against: str | None = None, groups: int = 2) -> dict:
+                   against: str | None = None, groups: int = 2, poll_s: float = 0.1) -> dict:
     """Enqueue -> pull for ``groups`` prompts of ``group`` B = 1 latent rollouts each, all enqueued at once, against the
     in-process path: for each prompt, its group's latents decoded in one ``LatentDecoder.decode`` call, then
     ``score_group`` on those frames. The service's rewards must equal the in-process ones bit for bit (checked every
@@ -343,7 +343,7 @@ def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int,
             names = list(arms)
             rewards = {}
             for k in names[r % len(names):] + names[: r % len(names)]:
-                took, dec, rewards[k] = in_process(zs) if k == "in_process" else cosmos_group(servers[k].url, bodies)
+                took, dec, rewards[k] = in_process(zs) if k == "in_process" else cosmos_group(servers[k].url, bodies, poll_s)
                 if r:  # the first round warms up
                     times[k].append(took)
                     decode_s[k].append(dec)
@@ -389,6 +389,7 @@ def main() -> None:
     p.add_argument("--cosmos-rounds", type=int, default=3, help="timed rounds of --cosmos, each side (after one warm-up round)")
     p.add_argument("--cosmos-groups", type=int, default=2, help="prompts of --cosmos, each a group of 8 rollouts, all enqueued at once")
     p.add_argument("--cosmos-only", action="store_true", help="only cosmos-rl's path")
+    p.add_argument("--cosmos-poll-s", type=float, default=0.1, help="seconds between a --cosmos client's pulls (each rollout's thread polls)")
     p.add_argument("--cosmos-against", metavar="SRC", help="also a --cosmos server running nvrm from SRC (PYTHONPATH), in the same rounds")
     p.add_argument("--vae", choices=["tiny", "wan"], default="tiny", help="random Wan2.1 VAE of --cosmos: small, or the real shape (GPU)")
     p.add_argument("--latent-size", default="8x12", help="latent h x w of --cosmos (60x104 is 480x832 video)")
@@ -434,7 +435,7 @@ def main() -> None:
         if args.cosmos or args.cosmos_only:
             hw = tuple(int(x) for x in args.latent_size.split("x"))
             report["cosmos"] = cosmos_latency(bundle, Path(tmp), args.vae, hw, rounds=args.cosmos_rounds,  # type: ignore[arg-type]
-                                            against=args.cosmos_against, groups=args.cosmos_groups)
+                                            against=args.cosmos_against, groups=args.cosmos_groups, poll_s=args.cosmos_poll_s)
             print(json.dumps(report["cosmos"], indent=1), flush=True)
         if args.cosmos_only:
             args.shared_only, args.no_shared = True, True

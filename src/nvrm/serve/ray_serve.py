@@ -78,6 +78,10 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
             import ray
 
             self.config, self.rollout = _with_replica_id(config, serve), rollout
+            if rollout is not None and self.config.replica_id is None:  # a roll tells replicas apart by their ids
+                import uuid
+
+                self.config = dataclasses.replace(self.config, replica_id=f"nvrm-{uuid.uuid4().hex[:12]}")
             self.specs = specs
             if rollout is not None:  # what is live now: a replica started after a swap (or during one) loads that
                 live = ray.get(rollout.join.remote(self.config.replica_id))
