@@ -282,7 +282,7 @@ def test_swap_mode_replace_drains_then_loads_and_says_so(bundles, expected):
 
 # ---------------------------------------------------------------- the done-when load test (issue 39)
 
-SWAP_EVERY_S = 6.0
+SWAP_EVERY_S = 15.0
 """Traffic before, between and after the 3 swaps: the scoring window is 4 x this (24 s) plus the swaps' own time."""
 
 
@@ -313,10 +313,9 @@ def demo_and_retrained(tmp_path_factory):
 
 @pytest.mark.slow
 def test_done_when_8_clients_score_without_pause_while_the_demo_bundle_and_a_retrained_one_swap_3_times(demo_and_retrained):
-    """Issue 39's done-when, with ``nvrm serve`` in its own process: 8 client threads score without pause for 24 s
-    (4 x ``SWAP_EVERY_S``) plus the 3 swaps' own time (about 30 s in all on an idle 2-core machine; the issue says
-    60 s, this window already holds the 3 swaps with traffic before, between and after them) while the model is
-    swapped demo -> retrained -> demo -> retrained. 0 requests fail (no
+    """Issue 39's done-when, with ``nvrm serve`` in its own process: 8 client threads score without pause for 60 s
+    (4 x ``SWAP_EVERY_S``) plus the 3 swaps' own time, while the model is swapped demo -> retrained -> demo ->
+    retrained (the window is asserted to be at least 60 s). 0 requests fail (no
     client retries); each result's ``model_revision`` was live during its request, and its reward is in-process
     ``RewardModel.score`` of that revision bit for bit; once the last retired revision has drained, the server's
     RSS is within 10 % of its RSS before the first swap."""
@@ -401,6 +400,7 @@ def test_done_when_8_clients_score_without_pause_while_the_demo_bundle_and_a_ret
         assert reward == expected[rev][j], (rev, j, reward)  # bit for bit
     assert abs(rss_after - rss_before) <= 0.10 * rss_before, (rss_before, rss_after)
     window = max(t1 for _, t1, *_ in seen) - min(t0 for t0, *_ in seen)
+    assert window >= 60, window  # the issue's 60 s of scoring without pause
     print(f"load test: {len(seen)} results from 8 clients in {window:.1f} s, 3 swaps (each PUT {', '.join(puts)} s), "
           f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")
 
