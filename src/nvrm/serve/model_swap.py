@@ -84,9 +84,8 @@ def from_hub(body: dict[str, Any]) -> str:
         raise RequestError("request.repo", str(e), code=ErrorCode.HUB_UNAVAILABLE) from e
 
 
-def allowed_path(serving: MultiServing, raw: bytes | dict[str, Any]) -> str:
-    """The bundle folder a swap body names, resolved, if it lies under an ``--allow-dir`` (else ``RequestError``)."""
-    body = raw if isinstance(raw, dict) else swap_body(raw)
+def allowed_path(serving: MultiServing, body: dict[str, Any]) -> str:
+    """The bundle folder a swap body (``swap_body``) names, resolved, if it lies under an ``--allow-dir`` (else ``RequestError``)."""
     path = body.get("path")
     if not isinstance(path, str) or not path:
         raise RequestError("request.path", f"is missing; {SEND}")

@@ -136,14 +136,9 @@ class Rollout:
             roll["state"] = "done" if roll["state"] == "rolling" else "failed"
 
 
-async def _call(method, *args):
-    """One call to the rollout actor from a replica's event loop."""
-    return await method.remote(*args)
-
-
 def serving_paths(serving) -> dict[str, str]:
     """name -> the folder each served model was loaded from (the replica's report to ``Rollout.claim``)."""
-    return {name: str(e.path) for name, e in dict(serving.registry.entries).items() if e.path is not None and not e.retired}
+    return {e.name: str(e.path) for e in serving.registry.all() if e.path is not None and not e.retired}
 
 
 async def poll(rollout, replica: str, serving) -> None:
@@ -155,7 +150,7 @@ async def poll(rollout, replica: str, serving) -> None:
         if serving.model is None and not serving.registry.entries:
             continue  # not loaded yet
         try:
-            job = await _call(rollout.claim, replica, serving_paths(serving))
+            job = await rollout.claim.remote(replica, serving_paths(serving))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the actor unreachable for a moment: ask again next time
@@ -167,7 +162,7 @@ async def poll(rollout, replica: str, serving) -> None:
         reply = await swap(serving, name, where)
         ok, detail = _outcome(reply)
         log.info("rolling swap: replica %s, model %s -> %s: %s", replica, name, where, detail)
-        await _call(rollout.done, replica, name, where, ok, detail)
+        await rollout.done.remote(replica, name, where, ok, detail)
 
 
 def _outcome(reply: Reply) -> tuple[bool, str]:
@@ -183,21 +178,21 @@ def rolling_swap(rollout, replica: str, *, timeout_s: float = 1800.0):
     from .model_swap import swap
 
     async def run(serving, name: str, where: str) -> Reply:
-        started = await _call(rollout.begin, replica, name, where)
+        started = await rollout.begin.remote(replica, name, where)
         if started is None:
             return Reply.error(ErrorCode.SWAP_IN_PROGRESS, "another model swap is rolling over the replicas; retry once it has finished")
         try:
             reply = await swap(serving, name, where)
         except BaseException:
-            await _call(rollout.done, replica, name, where, False, "this replica's swap raised")
+            await rollout.done.remote(replica, name, where, False, "this replica's swap raised")
             raise
         ok, detail = _outcome(reply)
-        await _call(rollout.done, replica, name, where, ok, detail)
+        await rollout.done.remote(replica, name, where, ok, detail)
         if not ok:
             return reply  # refused on the first replica: no replica changed
         deadline = time.monotonic() + timeout_s
         while True:
-            state = await _call(rollout.status, started["id"])
+            state = await rollout.status.remote(started["id"])
             if state["state"] in ("done", "failed") or time.monotonic() > deadline:
                 break
             await asyncio.sleep(POLL_S / 2)
@@ -205,8 +200,8 @@ def rolling_swap(rollout, replica: str, *, timeout_s: float = 1800.0):
         if state["state"] == "done":
             return Reply(200, {**reply.body, "rolled": "replica by replica", "replicas": turns})
         if state["state"] == "failed":
-            return Reply.error(ErrorCode.INTERNAL, f"model {name!r}: the roll to {where} was undone, every replica is back on "
-                               f"{state['previous']}: {state['error']}")
+            return Reply.error(ErrorCode.INTERNAL, f"model {name!r}: the roll to {where} failed, and the replicas that had swapped "
+                               f"were sent back to {state['previous']}: {state['error']}")
         return Reply.error(ErrorCode.UNAVAILABLE, f"model {name!r}: the roll to {where} is still {state['state']} after "
                            f"{timeout_s:.0f} s; GET /v1/models on the replicas shows their revisions", status=504)
 
