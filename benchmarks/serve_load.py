@@ -364,6 +364,7 @@ def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int,
         "decode_share_service": min(decode_s["service"]) / min(times["service"]),
         "decode_share_in_process": min(decode_s["in_process"]) / in_process_s,
         "runs": times,
+        "decode_s": decode_s,
     }
     if against is not None:
         out["against"] = against

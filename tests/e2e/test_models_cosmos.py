@@ -56,11 +56,12 @@ def served(two, tiny_bundle, vae):
 
 
 def test_reward_fn_names_two_models_scored_on_one_decode(served, two, vae, monkeypatch):
+    from nvrm.serve.decode_workers import DecodeWorker
     from nvrm.serve.latents import LatentDecoder
 
-    decodes = []  # the requests' latents that reach the VAE (LatentDecoder.decode goes through decode_batch too)
-    real = LatentDecoder.decode_batch
-    monkeypatch.setattr(LatentDecoder, "decode_batch", lambda self, requests: decodes.extend(requests) or real(self, requests))
+    decodes = []  # the requests' latents sent to the decode workers (the server's CPU decodes are theirs)
+    real = DecodeWorker.decode_batch
+    monkeypatch.setattr(DecodeWorker, "decode_batch", lambda self, requests: decodes.extend(requests) or real(self, requests))
     rng = np.random.default_rng(3)
     z = rng.standard_normal((2, 16, 21, 4, 6)).astype(np.float16)
     z[:, :, :1] = z[:1, :, :1]  # one conditioning frame: one context for the prompt's rollouts

@@ -81,3 +81,88 @@ def test_the_decode_queue_batches_requests_and_keeps_their_frames(decoder):
     assert np.array_equal(frames[0], decoder.decode(bad[:1])[0][0])  # its neighbour unharmed
     assert np.array_equal(out[5][0], decoder.decode(other)[0])
     assert np.array_equal(out[6][0], out[0][0])
+
+
+def test_a_cpu_decode_runs_on_one_thread_and_gives_the_threads_back(decoder):
+    import torch
+
+    before = torch.get_num_threads()
+    seen = []
+    vae = decoder.vae
+    real = vae.decode
+    vae.decode = lambda z: seen.append(torch.get_num_threads()) or real(z)
+    try:
+        decoder.decode(_latents(2))
+    finally:
+        del vae.decode
+    assert seen == [1] and torch.get_num_threads() == before
+
+
+@pytest.fixture(scope="module")
+def workers(decoder):
+    from nvrm.serve.decode_workers import start_workers
+
+    ws = start_workers(decoder.path, 2)
+    yield ws
+    for w in ws:
+        w.close()
+
+
+@pytest.mark.slow
+def test_decode_workers_split_a_group_and_give_the_frames_of_the_decoder_in_process(decoder, workers):
+    from nvrm.serve.latents import DecodeQueue
+
+    sizes: list[int] = []
+    for w in workers:  # each batch's rows, as the workers receive them
+        real = w.decode_batch
+        w.decode_batch = (lambda real: lambda requests: sizes.append(sum(z.shape[0] for z, _, _ in requests)) or real(requests))(real)
+    q = DecodeQueue(decoder, gather_s=0.5, gather_max_s=5.0, workers=workers)
+    try:
+        zs = [_latents(1, seed) for seed in range(8)]
+        bad = _latents(1, 20)
+        bad[0, 0, 0, 0, 0] = np.inf
+        refused: dict[int, str] = {}
+        futures = [q.submit(z, 1.0, {}, group="a prompt") for z in zs[:7]] + [q.submit(bad, 1.0, refused, group="a prompt")]
+        out = [f.result(timeout=600) for f in futures]
+    finally:
+        q.close(workers=False)  # the workers stay up for the next test
+        for w in workers:
+            del w.decode_batch
+    assert sorted(sizes) == [4, 4], sizes  # one group of 8, half on each worker
+    for i in range(7):
+        assert np.array_equal(out[i][0], decoder.decode(zs[i])[0]), f"rollout {i}"
+    assert sorted(refused) == [0] and "not finite" in refused[0]  # named by the worker, told to this process
+
+
+@pytest.mark.slow
+def test_a_decode_worker_killed_mid_batch_loses_no_rollout_and_starts_again(decoder, workers):
+    import os
+    import signal
+    import time
+
+    from nvrm.serve.latents import DecodeQueue
+
+    w = workers[0]
+    big = np.random.default_rng(5).standard_normal((2, 16, 9, 8, 12)).astype(np.float16)  # about a second of decoding
+    want = decoder.decode(big)[0]
+    q = DecodeQueue(decoder, workers=[w])
+    try:
+        starts, pid = w.starts, w.pid
+        future = q.submit(big, 1.0, {}, group="p")
+        time.sleep(0.3)  # the worker has the batch now
+        os.kill(pid, signal.SIGKILL)
+        frames, _ = future.result(timeout=600)
+    finally:
+        q.close(workers=False)
+    assert np.array_equal(frames, want)
+    assert w.starts == starts + 1 and w.pid != pid
+
+
+def test_a_vae_folder_a_worker_cannot_load_is_one_line_naming_it(tmp_path):
+    from nvrm.errors import ConfigError
+    from nvrm.serve.decode_workers import start_workers
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as e:
+        start_workers(str(tmp_path), 1)
+    assert str(tmp_path) in str(e.value) and "\n" not in str(e.value)

@@ -73,6 +73,8 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
         # uvicorn has already waited for in-flight requests (graceful shutdown); the drain a signal began
         # (nvrm.serve.launcher) is this same one: here it is begun if need be and waited for
         await asyncio.to_thread(state.drain, config.drain_timeout_s)
+        if jobs.decodes is not None:
+            await asyncio.to_thread(jobs.decodes.close)  # the decode workers exit with it
 
     app = FastAPI(
         title="nvrm reward service",

@@ -90,6 +90,10 @@ class ServeConfig:
         default=None, metadata=_help("a Wan VAE (diffusers AutoencoderKLWan folder, or Wan2.1_VAE.pth) to decode cosmos-rl's latents with: "
                                     "Wan2.1's for 16-channel latents, Wan2.2's for 48 (nvrm[cosmos])")
     )
+    decode_workers: int = field(
+        default=-1, metadata=_help("processes decoding --latent-decoder's latents side by side on the CPU, one thread each (-1: one per "
+                                   "torch thread, at most 4; 0: on a thread of the server's own process); a GPU decodes in process")
+    )
     context_frames: int = field(
         default=1, metadata=_help("leading frames of a cosmos-rl rollout that are its context (the conditioning frames; 0: text-to-world)")
     )
@@ -154,6 +158,7 @@ class ServeConfig:
             "job_lease_s": self.job_lease_s > 0,
             "job_workers": self.job_workers >= 1,
             "context_frames": self.context_frames >= 0,
+            "decode_workers": self.decode_workers >= -1,
             "cosmos_fallback_score": True,
             "record_mb": self.record_mb > 0,
             "watch_interval_s": self.watch_interval_s > 0,

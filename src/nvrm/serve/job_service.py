@@ -58,8 +58,18 @@ class JobService:
         if self.serving.config.latent_decoder:
             from .latents import DecodeQueue, LatentDecoder
 
-            self.decoder = LatentDecoder(self.serving.config.latent_decoder, device)
-            self.decodes = DecodeQueue(self.decoder)
+            path = self.serving.config.latent_decoder
+            self.decoder = LatentDecoder(path, device)
+            workers = None
+            if self.decoder.device.type == "cpu" and self.serving.config.decode_workers != 0:
+                import torch
+
+                from .decode_workers import auto_workers, start_workers
+
+                n = self.serving.config.decode_workers
+                workers = start_workers(path, auto_workers(torch.get_num_threads()) if n < 0 else n)
+                self.decoder.release()  # the workers hold the VAE; this process keeps what admission reads
+            self.decodes = DecodeQueue(self.decoder, workers=workers)
         if self.shared is not None:
             self.shared.start_worker()
 

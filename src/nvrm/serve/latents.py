@@ -20,12 +20,15 @@ what ``LatentDecoder.decode`` gives in process, one rollout or a whole group at 
 rule: the VAE never sees fewer than ``MIN_CPU_ROWS`` rows (a lone rollout is decoded beside a row of zeros, which
 is dropped). PyTorch runs a small 3D convolution of one row on its own im2col kernel and of two or more on oneDNN's,
 and the two kernels round differently; oneDNN's rows do not depend on the batch (checked for batches of 1 to 8 on the
-tiny VAE, ``tests/integration/test_latent_batching.py``). On a GPU (cuDNN, bfloat16) batch invariance was not
+tiny VAE, ``tests/integration/test_latent_batching.py``). And a CPU VAE call runs on one intra-op thread
+(``CPU_THREADS``), so the frames do not depend on the machine's core count either; the service decodes several batches
+at once in worker processes instead (nvrm.serve.decode_workers). On a GPU (cuDNN, bfloat16) batch invariance was not
 measured; the rule there is the same code path, one VAE call per batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -83,6 +86,12 @@ GATHER_S = 0.03
 enqueues arrive within milliseconds of each other); the wait ends early at ``MAX_BATCH_ROWS`` rows."""
 GATHER_MAX_S = 0.25
 """The longest the first rollout of a batch waits while more keep coming."""
+CPU_THREADS = 1
+"""Intra-op threads of a CPU VAE call. The frames depend on it (1 and 2 threads put a value a level apart here and there,
+about 1 in 10,000 on the tiny VAE), and a second thread does not make the decode faster (thousands of small operations:
+6.9 s and 7.0 s for 8 rollouts on 2 cores), while two calls side by side take the time of one. So every CPU decode runs
+on one thread, whatever the machine's core count, and the service gets its speed from several calls at once
+(nvrm.serve.decode_workers)."""
 OUTPUT_BYTES = 8 + 2
 """Per decoded value: diffusers' float32 output twice (its frame-by-frame ``torch.cat``, then the clamp's
 copy), and the uint8 frames twice (levels, then the channels-last copy)."""
@@ -99,6 +108,22 @@ def decode_peak_bytes(shape: tuple[int, ...], base_dim: int, weight_bytes: int, 
         return values * (4 + 2)
     chunk = b * pixels * (PIXEL_BYTES[0] + PIXEL_BYTES[1] * base_dim) * (CHUNK4 if t > 1 else 1.0)
     return int(chunk + FIXED_OF_WEIGHTS * weight_bytes) + values * OUTPUT_BYTES
+
+
+@contextlib.contextmanager
+def _cpu_threads(device: torch.device, n: int):
+    """torch's intra-op threads set to ``n`` for a CPU call, then restored (a setting of the whole process: a CPU decode
+    in a process that also scores on other threads slows their operations meanwhile; the service decodes in worker
+    processes of its own)."""
+    before = torch.get_num_threads()
+    if device.type != "cpu" or before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class LatentDecoder:
@@ -137,6 +162,10 @@ class LatentDecoder:
         self._vae_lock = threading.Lock()
         """One VAE call at a time (it fills the device, or every core); a rollout's normalisation and its frames'
         conversion run outside it, beside another's VAE call."""
+
+    def release(self) -> None:
+        """Drop the VAE's weights (worker processes decode for this process): what admission reads stays."""
+        self.vae = None
 
     def peak_bytes(self, shape: tuple[int, ...]) -> int:
         """Host memory decoding latents of ``shape`` takes at its peak with this VAE (``decode_peak_bytes``)."""
@@ -179,7 +208,7 @@ class LatentDecoder:
         if rows < self.min_rows:  # the same kernels as a batch's (module docstring); the padding rows are dropped below
             z = torch.cat([z, z.new_zeros((self.min_rows - rows, *z.shape[1:]))])
         waited = time.perf_counter()
-        with self._vae_lock:  # the seconds returned leave out this wait for another batch's VAE call
+        with self._vae_lock, _cpu_threads(self.device, CPU_THREADS):  # the seconds returned leave out this wait for another batch's VAE call
             waited = time.perf_counter() - waited
             x = self.vae.decode(z.to(self.device, self.dtype)).sample[:rows]  # [B, 3, T, H, W] in [-1, 1]
         del z
@@ -215,35 +244,45 @@ class LatentDecoder:
 
 
 class _Pending:
-    __slots__ = ("latents", "sigma_data", "refused", "future", "key")
+    __slots__ = ("latents", "sigma_data", "refused", "future", "key", "share")
 
     def __init__(self, latents: np.ndarray, sigma_data: float, refused: dict[int, str], group: Any):
         self.latents, self.sigma_data, self.refused = latents, sigma_data, refused
         self.future: Future = Future()
         self.key = (tuple(latents.shape[1:]), group)
+        self.share = 0  # rows a worker takes of this rollout's group, once the group has been split
 
 
 _STOP = object()
 
 
 class DecodeQueue:
-    """The service's decodes: one thread taking what is queued and decoding the rollouts of one group (a prompt's, of
-    one latent shape), from any requests, in one VAE call (up to ``MAX_BATCH_ROWS``), so a group's B = 1 rollouts decode
+    """The service's decodes: threads taking what is queued and decoding the rollouts of one group (a prompt's, of one
+    latent shape), from any requests, in one VAE call (up to ``MAX_BATCH_ROWS``), so a group's B = 1 rollouts decode
     as one batch.
 
-    It is the first stage of a pipeline: while the scorer thread scores one group's frames, this thread decodes the next
-    group's (the oldest group waiting goes first). A group's rollouts that arrive while it decodes go in a later batch;
-    the queue waits ``GATHER_S`` after each arrival for the rest of a group. A batch whose VAE call fails is decoded again request by request, so one request's
-    failure reaches only that request."""
+    ``workers`` are what decode (``decode_batch`` as ``LatentDecoder``'s): the decoder itself by default (one thread),
+    or worker processes (nvrm.serve.decode_workers), one thread each. A batch goes to one worker, and a group's rows are
+    split in equal shares, one per worker (8 rows, 2 workers: 4 each), so a group decodes on every worker at once.
 
-    def __init__(self, decoder: LatentDecoder, max_rows: int = MAX_BATCH_ROWS, gather_s: float = GATHER_S, gather_max_s: float = GATHER_MAX_S):
+    It is the first stage of a pipeline: while the scorer thread scores one group's frames, the workers decode the next
+    group's (the oldest group waiting goes first). A group's rollouts that arrive while it decodes go in a later batch;
+    the queue waits ``GATHER_S`` after each arrival for the rest of a group. A batch whose VAE call fails is decoded
+    again request by request, so one request's failure reaches only that request."""
+
+    def __init__(self, decoder: LatentDecoder, max_rows: int = MAX_BATCH_ROWS, gather_s: float = GATHER_S, gather_max_s: float = GATHER_MAX_S,
+                 workers: list[Any] | None = None):
         self.decoder, self.max_rows, self.gather_s, self.gather_max_s = decoder, max_rows, gather_s, gather_max_s
+        self.workers = list(workers) if workers else [decoder]
         self._queue: "queue.Queue[Any]" = queue.Queue()
-        self._waiting: list[_Pending] = []  # taken from the queue, not decoded yet (another shape, or past max_rows)
+        self._waiting: list[_Pending] = []  # taken from the queue, not decoded yet (another shape, or past a share)
+        self._gathering = threading.Lock()  # one thread gathers at a time; the others decode meanwhile
+        self._stopping = False
         self.batches = 0
         """VAE calls made (for tests and metrics)."""
-        self._thread = threading.Thread(target=self._loop, name="nvrm-decode", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, args=(w,), name=f"nvrm-decode-{i}", daemon=True) for i, w in enumerate(self.workers)]
+        for t in self._threads:
+            t.start()
 
     def submit(self, latents: np.ndarray, sigma_data: float = 1.0, refused: dict[int, str] | None = None, group: Any = None) -> Future:
         """A future of ``(frames, seconds)``: ``LatentDecoder.decode(latents, sigma_data, refused)``, in one batch with
@@ -252,69 +291,80 @@ class DecodeQueue:
         self._queue.put(p)
         return p.future
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Decode what is queued, then stop the thread."""
+    def close(self, timeout: float = 5.0, workers: bool = True) -> None:
+        """Decode what is queued, then stop the threads and (unless ``workers`` is false) the worker processes."""
         self._queue.put(_STOP)
-        self._thread.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
+        for w in self.workers if workers else ():
+            if w is not self.decoder and hasattr(w, "close"):
+                w.close()
 
     def _take(self, timeout: float | None) -> Any:
         return self._queue.get(timeout=timeout) if timeout is None or timeout > 0 else self._queue.get_nowait()
 
-    def _gather(self) -> tuple[list[_Pending], bool]:
-        """The next batch (the oldest waiting rollout's group), and whether to stop after it."""
-        stop = False
+    def _gather(self) -> list[_Pending]:
+        """The next batch (the oldest waiting rollout's group, this worker's share of it); [] once stopping."""
+        if self._stopping:
+            return [self._waiting.pop(0)] if self._waiting else []
         if not self._waiting:
             first = self._take(None)
             if first is _STOP:
-                return [], True
+                self._stopping = True
+                return []
             self._waiting.append(first)
         key = self._waiting[0].key
         started = time.monotonic()
-        while sum(p.latents.shape[0] for p in self._waiting if p.key == key) < self.max_rows:
+        while not self._waiting[0].share and sum(p.latents.shape[0] for p in self._waiting if p.key == key) < self.max_rows:
             wait = min(self.gather_s, started + self.gather_max_s - time.monotonic())
             try:
                 nxt = self._take(wait)
             except queue.Empty:
                 break
             if nxt is _STOP:
-                stop = True
+                self._stopping = True
                 break
             self._waiting.append(nxt)
+        # a group is split in equal shares, one per worker; the first split fixes the share for the rest of the group
+        share = self._waiting[0].share or min(self.max_rows, -(-sum(p.latents.shape[0] for p in self._waiting if p.key == key) // len(self.workers)))
         batch, rows, rest = [], 0, []
         for p in self._waiting:
-            if p.key == key and (not batch or rows + p.latents.shape[0] <= self.max_rows):
+            if p.key == key and (not batch or rows + p.latents.shape[0] <= share):
                 batch.append(p)
                 rows += p.latents.shape[0]
             else:
                 rest.append(p)
+                if p.key == key:
+                    p.share = share
         self._waiting = rest
-        return batch, stop
+        return batch
 
-    def _loop(self) -> None:
+    def _loop(self, worker: Any) -> None:
         while True:
-            batch, stop = self._gather()
-            if batch:
-                self._decode(batch)
+            with self._gathering:
+                batch = self._gather()
+                if not batch:
+                    if self._stopping:
+                        self._queue.put(_STOP)  # for the other threads
+                        return
+                    continue
+            self._decode(batch, worker)
             del batch
-            if stop:
-                while self._waiting:
-                    self._decode([self._waiting.pop(0)])
-                return
 
-    def _decode(self, batch: list[_Pending]) -> None:
+    def _decode(self, batch: list[_Pending], worker: Any) -> None:
         live = [p for p in batch if p.future.set_running_or_notify_cancel()]
         if not live:
             return
         self.batches += 1
         try:
-            out = self.decoder.decode_batch([(p.latents, p.sigma_data, p.refused) for p in live])
+            out = worker.decode_batch([(p.latents, p.sigma_data, p.refused) for p in live])
         except Exception:  # noqa: BLE001 - decoded again one request at a time: an error reaches only its request
             if len(live) == 1:
                 live[0].future.set_exception(sys.exc_info()[1])  # type: ignore[arg-type]
                 return
             for p in live:
                 try:
-                    p.future.set_result(self.decoder.decode_batch([(p.latents, p.sigma_data, p.refused)])[0])
+                    p.future.set_result(worker.decode_batch([(p.latents, p.sigma_data, p.refused)])[0])
                 except Exception as e:  # noqa: BLE001
                     p.future.set_exception(e)
             return
