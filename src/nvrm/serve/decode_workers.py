@@ -95,7 +95,9 @@ class DecodeWorker:
     def start(self) -> None:
         """Start the process; ``ready`` waits for its answer."""
         cmd = [sys.executable, "-m", "nvrm.serve.decode_workers", self.path]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        # a session of its own: a Ctrl-C to the server's terminal reaches the server, which drains and closes the
+        # worker, not the worker mid-batch; the worker also exits when the server's end of its stdin closes
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
         self.starts += 1
 
     def ready(self) -> dict:
