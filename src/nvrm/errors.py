@@ -72,6 +72,10 @@ class InternalError(NvrmError):
         return cls(f"internal error: {type(e).__name__}: {e}")
 
 
+class WorkerLost(InternalError):
+    """A worker process ended during a task it held (a latent decode worker); the caller may start it again."""
+
+
 class ModelError(InternalError):
     """The model produced something no result may carry (a non-finite reward): its weights are broken."""
 

@@ -80,3 +80,16 @@ def test_a_failed_batch_is_decoded_again_request_by_request():
         q.close()
     assert errors[0] is None and errors[2] is None and "rollout 2.0" in str(errors[1])
     assert len(w.batches) == 4  # the batch of three, then each alone
+
+
+def test_the_number_of_decode_workers():
+    import pytest
+
+    from nvrm.errors import ConfigError
+    from nvrm.serve.config import ServeConfig
+    from nvrm.serve.decode_workers import auto_workers
+
+    assert [auto_workers(t) for t in (0, 1, 2, 3, 16)] == [1, 1, 2, 3, 4]  # one per torch thread, at most 4
+    assert ServeConfig(decode_workers=0).decode_workers == 0
+    with pytest.raises(ConfigError, match="decode_workers=-2"):
+        ServeConfig(decode_workers=-2)

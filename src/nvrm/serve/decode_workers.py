@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import ConfigError, InputError, InternalError
+from ..errors import ConfigError, InputError, InternalError, WorkerLost
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,6 @@ def _recv_json(inp: BinaryIO) -> Any:
     return json.loads(bytes(_recv(inp)))
 
 
-class _Died(Exception):
-    """The worker process ended during a batch (internal: ``DecodeWorker.decode_batch`` answers it by a restart)."""
-
-
 class DecodeWorker:
     """One worker process holding the VAE at ``path``; ``decode_batch`` as ``LatentDecoder.decode_batch``."""
 
@@ -122,15 +118,15 @@ class DecodeWorker:
         """What ``LatentDecoder.decode_batch`` answers for ``requests``, decoded by the worker; each request's
         ``refused`` gains the rollouts the worker refused. A dead worker is started again first, and a worker that dies
         during the batch is started again and given it once more (it may have been killed for another reason); a
-        second death is an ``InternalError``."""
+        second death is a ``WorkerLost`` (an ``InternalError``)."""
         try:
             return self._once(requests)
-        except _Died as e:
+        except WorkerLost as e:
             log.warning("%s; starting it again for the same batch", e)
         try:
             return self._once(requests)
-        except _Died as e:
-            raise InternalError(f"{e}, twice on this batch: it is not decoded") from None
+        except WorkerLost as e:
+            raise WorkerLost(f"{e}, twice on this batch: it is not decoded") from None
 
     def _once(self, requests: list[tuple[np.ndarray, float, dict[int, str]]]) -> list[tuple[np.ndarray, float]]:
         with self._lock:
@@ -160,7 +156,7 @@ class DecodeWorker:
                 return out
             except (EOFError, OSError, ValueError) as e:
                 self._kill()
-                raise _Died(f"the latent decode worker {self.name} stopped (exit {proc.poll()}: {e})") from e
+                raise WorkerLost(f"the latent decode worker {self.name} stopped (exit {proc.poll()}: {e})") from e
 
     def close(self) -> None:
         """Stop the process (it exits once its stdin closes)."""
