@@ -97,3 +97,24 @@ def test_pull_of_a_name_not_served_or_not_asked_for_is_a_400(served):
     assert unknown.status_code == 400 and "nvrm, mine" in message and "\n" not in message, unknown.text
     bad = served.post("/api/reward/enqueue", content=body_of({"prompts": ["p"], "reward_fn": {"nvrm": 1.0, "hpsv2": 1.0}, "media_type": "video"}, z))
     assert bad.status_code == 400 and "hpsv2" in bad.json()["error"]["message"] and "nvrm, mine" in bad.json()["error"]["message"]
+
+
+def test_the_decode_workers_and_the_in_process_decode_give_one_reward(served, two, vae):
+    """``--decode-workers 0`` (a thread of the server's own process) and the default (worker processes) score a
+    prompt's B = 1 rollouts alike, and as ``score_group`` on ``LatentDecoder.decode``'s frames in process."""
+    from nvrm.serve.latents import LatentDecoder
+
+    z = np.random.default_rng(11).standard_normal((4, 16, 21, 4, 6)).astype(np.float16)
+    z[:, :, :1] = z[:1, :, :1]
+    frames = LatentDecoder(vae, "cpu").decode(z)[0]
+    want = [x.reward for x in two["nvrm"].score_group("q", Clip(frames[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames])]
+    inline = InProcessServer(two["nvrm"], max_wait_ms=10, latent_decoder=str(vae), decode_workers=0)
+    try:
+        got = {}
+        for name, s in (("workers", served), ("in process", inline)):
+            uids = [s.post("/api/reward/enqueue", content=body_of({"prompts": ["q"], "reward_fn": {"nvrm": 1.0}}, z[i : i + 1])).json()["uuid"]
+                    for i in range(4)]  # one enqueue per rollout, as cosmos-rl's rollout workers send them
+            got[name] = [pulled(s, uid, "nvrm").json()["scores"]["reward"][0] for uid in uids]
+    finally:
+        inline.stop()
+    assert got["workers"] == want and got["in process"] == want, (got, want)
