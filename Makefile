@@ -30,13 +30,15 @@ export NVRM_TEST_ENVS ?= $(HOME)/.cache/nvrm/test-envs
 # starting (a server, a trainer's venv, an engine), so two files share the 2 cores; modules marked `exclusive`
 # (memory-hungry ones, and those starting a local Ray cluster) take a lock so that no two of them run at once. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,)
 test: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier: ruff, then the unit tests and the integration tests not marked slow (no hypothesis test is
-# among them, so its plugin, seconds of start-up, is not loaded).
+# among them, so its plugin, seconds of start-up, is not loaded), on the same workers as `make test`: 73 s
+# against 134 s in one process, measured one after the other on these 2 cores.
 check: $(STAMP) lint
-	$(VENV)/bin/python -m pytest -q -p no:hypothesispytest -m 'not slow and not fuzz' tests/unit tests/integration $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -p no:hypothesispytest -m 'not slow and not fuzz' $(XDIST) tests/unit tests/integration $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
