@@ -29,7 +29,8 @@ export NVRM_TEST_ENVS ?= $(HOME)/.cache/nvrm/test-envs
 
 # Two workers, a test file each at a time (pytest-xdist, --dist loadfile): much of the suite waits on a subprocess
 # starting (a server, a trainer's venv, an engine), so two files share the 2 cores; modules marked `exclusive`
-# (memory-hungry ones, and those starting a local Ray cluster) take a lock so that no two of them run at once. PYTEST_WORKERS=0 runs it in one process.
+# (memory-hungry ones, and those starting a local Ray cluster) run one after another on one worker, from the start
+# (tests/conftest.py's scheduler; a lock keeps them apart under any other -n or --dist). PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,)
 test: $(STAMP) system-deps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -72,6 +73,52 @@ def pytest_runtest_teardown(item, nextitem):
     yield  # the module's fixtures are finalized here when nextitem is in another module
     if _exclusive and (nextitem is None or nextitem.module is not item.module):
         _exclusive.pop().close()  # closing the file releases the lock
+
+
+_EXCLUSIVE_UNIT = "exclusive modules"
+_TIER_ORDER = {"versions": 1, "trainers": 1, "e2e": 2, "hostile": 2}  # then the rest (3), tests/unit last (4)
+
+
+@functools.cache
+def _is_exclusive_module(path: str) -> bool:
+    """Whether a test file marks itself ``exclusive`` (its module's ``pytestmark``), read from its source: the
+    controller schedules by node id, before any worker has imported a module."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return False
+    return any(line.startswith("pytestmark") and "mark.exclusive" in line for line in text.splitlines())
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``make test``'s workers take a file at a time (``--dist loadfile``), with two changes:
+
+    - the ``exclusive`` modules form one unit, run one after another by one worker, first: before, a worker that
+      drew one while the other held the lock sat idle (the memory modules' setups waited 155 s in one run);
+    - the heavier tiers go first (versions and trainers, then e2e and hostile, then the rest, unit tests last), so
+      the run does not end on one worker finishing a long test while the other has nothing left."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return _EXCLUSIVE_UNIT if _is_exclusive_module(os.path.join(str(config.rootpath), path)) else path
+
+        def _assign_work_unit(self, node) -> None:
+            def rank(scope: str) -> int:
+                if scope == _EXCLUSIVE_UNIT:
+                    return 0
+                parts = Path(scope).parts
+                tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+                return 4 if tier == "unit" else _TIER_ORDER.get(tier, 3)
+
+            # min keeps the queue's order (xdist's: most tests first) among scopes of one rank
+            self.workqueue.move_to_end(min(self.workqueue, key=rank), last=False)
+            super()._assign_work_unit(node)
+
+    return Scheduling(config, log)
 
 
 def pytest_unconfigure(config):

@@ -25,3 +25,29 @@ def test_a_nested_run_nests_and_removes_its_folder(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     inner = Path(next(line for line in out.stdout.splitlines() if line.startswith("ROOT="))[5:])
     assert inner.parent == Path(os.environ["NVRM_TEST_ROOT"]) and not inner.exists()
+
+
+def test_the_exclusive_modules_run_on_one_worker_first(tmp_path):
+    """``make test``'s scheduler (conftest): the modules marked ``exclusive`` are one unit, given first to one
+    worker, so no worker waits on the other's lock; the rest go a file at a time."""
+    conftest = Path(__file__).resolve().parents[1] / "conftest.py"
+    (tmp_path / "conftest.py").write_text(conftest.read_text())
+    (tmp_path / "ran").mkdir()
+    body = ("import os, time\n{mark}\ndef test_{name}():\n"
+            "    open('ran/{name}', 'w').write(os.environ['PYTEST_XDIST_WORKER'] + ' ' + str(time.monotonic_ns()))\n")
+    names = {"a": "pytestmark = pytest.mark.exclusive", "b": "pytestmark = [pytest.mark.exclusive]", "c": "", "d": "", "e": ""}
+    for name, mark in names.items():
+        (tmp_path / f"test_{name}.py").write_text("import pytest\n" + body.format(name=name, mark=mark))
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    exclusive: test\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ran = {f.name: f.read_text().split() for f in (tmp_path / "ran").iterdir()}
+    assert sorted(ran) == sorted(names), ran
+    worker = ran["a"][0]
+    assert ran["b"][0] == worker, ran  # one worker ran both exclusive modules (file order alone gives one each) ...
+    after = [int(t) for name, (w, t) in ran.items() if w == worker and name not in "ab"]
+    assert all(t > max(int(ran["a"][1]), int(ran["b"][1])) for t in after), ran  # ... before anything else
+    conf = __import__("conftest")
+    marked = [p for p in conftest.parent.rglob("test_*.py") if "mark.exclusive" in p.read_text() and p.name != "test_hygiene.py"]
+    assert len(marked) >= 10 and all(conf._is_exclusive_module(str(p)) for p in marked), "mark a module exclusive by its pytestmark line"
