@@ -85,6 +85,12 @@ class TransformersServe:
         """Base64 images the server has decoded so far (each one a PNG in its TMPDIR)."""
         return len(list(self.tmp.glob("*.png")))
 
+    def failures(self) -> str:
+        """The end of the server's log when it raised while answering (a model loaded in two requests at once breaks
+        both: each raises, and a retry may hide it from the client), else an empty string."""
+        text = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        return text[-3000:] if "Traceback" in text else ""
+
     def start(self) -> "TransformersServe":
         site = overlay(OPENAI, "tfserve-openai", no_deps=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),

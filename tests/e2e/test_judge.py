@@ -107,6 +107,7 @@ def test_both_orders_of_every_pair_reach_the_real_server_and_gibberish_is_unpars
     assert sorted((r["pair_id"], r["order"]) for r in rows) == sorted((p, o) for p in [x["pair_id"] for x in read_rows(pairs)] for o in ("ab", "ba"))
     assert serve.images_received() - before == len(rows) * IMAGES_PER_REQUEST  # every image of every request arrived
     assert proxy.total >= 1 and 1 <= proxy.most <= 2 and 1 <= summary["max_in_flight"]["tiny"] <= 2
+    assert not serve.failures(), serve.failures()  # its model loaded once, by the judge's first request alone
     by = {(r["pair_id"], r["order"]): r for r in rows}
     for (pid, order), r in by.items():
         other = by[(pid, "ba" if order == "ab" else "ab")]

@@ -45,6 +45,7 @@ def test_the_preference_recipe_runs_end_to_end(tmp_path, tiny_bundle):
     finally:
         server.stop()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not server.failures(), server.failures()  # its model loaded once, by the judge's first request alone
     pairs = [json.loads(x) for x in (work / "pairs.jsonl").read_text().splitlines()]
     assert len(pairs) == 6 and all(len(p["rewards"]) == 2 for p in pairs)  # --k 2 of 3 rollouts
     judgments = [json.loads(x) for x in (work / "judgments.jsonl").read_text().splitlines()]

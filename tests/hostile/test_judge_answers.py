@@ -93,6 +93,41 @@ def test_a_long_answer_is_stored_as_a_bounded_excerpt(pairs, tmp_path):
     assert out.stat().st_size < 32 << 10
 
 
+# a judge that loads its model on first use (transformers serve does, in every request that finds it missing, and
+# loads at once break one another: CI saw 500 on every request): the run's first request goes alone
+@pytest.mark.parametrize("first_status", [200, 500])
+def test_the_first_request_goes_alone_then_the_rest_at_concurrency(tmp_path, clips, first_status):
+    import threading
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"pair_id": f"p{i}", "prompt": "a square moves", "context": str(clips["context"]),
+                                         "a": str(clips["cand_a"]), "b": str(clips["cand_b"])}) + "\n" for i in range(4)))
+    lock, log, open_now = threading.Lock(), [], [0]
+    most = [0]
+
+    def answer(body):
+        with lock:
+            n = len(log)
+            log.append([time.monotonic(), None])
+            open_now[0] += 1
+            most[0] = max(most[0], open_now[0])
+        time.sleep(0.6 if n == 0 else 0.3)
+        with lock:
+            log[n][1] = time.monotonic()
+            open_now[0] -= 1
+        status = first_status if n == 0 else 200
+        return status, {}, json.dumps(completion(VERDICT)).encode(), 0.0
+
+    out = tmp_path / "j.jsonl"
+    rc, _ = run_against(answer, pairs, out, "--concurrency", "4")
+    first_done = log[0][1]
+    assert len(log) == 8 and all(arrived >= first_done for arrived, _ in log[1:]), log
+    assert most[0] == 4  # after the first, the rest go at --concurrency
+    rows = rows_of(out)
+    assert rc == (0 if first_status == 200 else 1) and len(rows) == (8 if first_status == 200 else 7)
+    assert all(r["winner"] == "first" for r in rows)
+
+
 # item 13: answers of the wrong shape are one row each, with the reason
 SSE = {"Content-Type": "text/event-stream"}
 PARTS = [{"type": "text", "text": '{"winner": '}, {"type": "text", "text": '"second"}'}]

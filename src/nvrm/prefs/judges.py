@@ -118,6 +118,11 @@ class ChatJudge:
         self.headers = {"Accept-Encoding": "gzip, deflate", **({"Authorization": f"Bearer {key}"} if key else {})}
         self.http = http or httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
         self.notes: list[str] = []
+        # the run's first request goes alone: a server that loads its model on first use loads it once. transformers
+        # serve loads it in each request that finds it missing, and loads at once break one another (meta tensors,
+        # then 500 on every request)
+        self._first_sent = False
+        self._first_answered = asyncio.Event()
 
     def body(self, content: list[dict]) -> dict[str, Any]:
         """The chat-completions request for one judgment."""
@@ -140,7 +145,18 @@ class ChatJudge:
             return r.status_code, r.headers, got
 
     async def _attempt(self, body: dict[str, Any]) -> tuple[int | None, httpx.Headers | None, BoundedBody | None, str | None]:
-        """(status, headers, body, None), or (None, None, None, why no answer came) within --timeout-s for the whole exchange."""
+        """(status, headers, body, None), or (None, None, None, why no answer came) within --timeout-s for the whole exchange;
+        no other request is sent before the run's first has its answer (or its failure)."""
+        if self._first_sent:
+            await self._first_answered.wait()
+            return await self._exchange_within_timeout(body)
+        self._first_sent = True
+        try:
+            return await self._exchange_within_timeout(body)
+        finally:
+            self._first_answered.set()
+
+    async def _exchange_within_timeout(self, body: dict[str, Any]) -> tuple[int | None, httpx.Headers | None, BoundedBody | None, str | None]:
         try:  # one deadline for connecting, sending and every byte of the answer: a server trickling bytes is cut off too
             status, headers, got = await asyncio.wait_for(self._exchange(body), self.timeout_s)
         except TimeoutError:
