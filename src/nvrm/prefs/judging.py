@@ -129,7 +129,7 @@ class Tally:
 class RunSettings:
     """How ``nvrm prefs judge`` asks (its flags are generated from these fields)."""
 
-    concurrency: int = field(default=4, metadata=meta("requests in flight per judge"))
+    concurrency: int = field(default=4, metadata=meta("requests in flight per judge, after its first, which goes alone"))
     timeout_s: float = field(default=120.0, metadata=meta("per-request timeout in seconds"))
     retries: int = field(default=4, metadata=meta("retries of a request after 429, 5xx, a timeout or a dropped connection (with backoff)"))
     deadline_s: float | None = field(default=None, metadata=meta("stop asking after this many seconds; what is not made is asked again by --resume"))
