@@ -55,6 +55,11 @@ class LoadSettings:
     )
     lookahead: int = field(default=2, metadata=_help("groups prepared ahead of the one on the model (score_groups)"))
     group_chunk: int = field(default=64, metadata=_help("candidates of one group prepared and scored per chunk"))
+    vllm_timeout_s: float = field(
+        default=60.0,
+        metadata=_help("with --vllm-url: the longest wait for the vLLM server's answer to one request; past it that request's "
+                       "items get 503 backend_unavailable, and the service's other requests are not held behind it"),
+    )
     limits: Limits = field(default_factory=Limits, metadata=_help("bounds checked before any work", cli=False))
 
     def __post_init__(self) -> None:
@@ -73,6 +78,8 @@ class LoadSettings:
             problems.append(f"lookahead={self.lookahead} must be >= 0")
         if self.group_chunk < 1:
             problems.append(f"group_chunk={self.group_chunk} must be >= 1")
+        if not (isinstance(self.vllm_timeout_s, (int, float)) and 0 < self.vllm_timeout_s <= 86400):
+            problems.append(f"vllm_timeout_s={self.vllm_timeout_s!r} must be a number of seconds in (0, 86400]")
         if not isinstance(self.limits, Limits):
             problems.append(f"limits must be a Limits, got {type(self.limits).__name__}")
         if problems:

@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..errors import BundleError, DownloadError
 from .layout import DEFAULT_REPO
+
+
+_REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+MAX_REPO_ID = 96
+"""The Hub's longest repo id."""
+
+
+def repo_id_problem(repo: str) -> str | None:
+    """Why ``repo`` is not a Hub repo id ``ORG/NAME`` (letters, digits, ``.``, ``_``, ``-``; each part starting and
+    ending with a letter or digit, no ``..`` or ``--``, at most 96 characters), or None when it is one."""
+    parts = repo.split("/")
+    if len(parts) != 2:
+        return "it needs exactly one '/'"
+    if len(repo) > MAX_REPO_ID:
+        return f"it is {len(repo)} characters long; the Hub allows {MAX_REPO_ID}"
+    if not all(_REPO_PART.fullmatch(p) for p in parts) or ".." in repo or "--" in repo:
+        return "each part is letters, digits, '.', '_' and '-', starts and ends with a letter or digit, and holds no '..' or '--'"
+    return None
 
 
 def resolve_bundle(path_or_repo: str | os.PathLike, revision: str | None = None) -> Path:
@@ -42,6 +61,8 @@ def download_bundle(
     Returns:
         The local bundle folder.
     """
+    if (why := repo_id_problem(repo)) is not None:
+        raise BundleError(f"{repo[:100]!r} is not a Hub repo id like {DEFAULT_REPO} ({why})")
     try:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError

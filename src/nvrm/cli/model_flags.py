@@ -17,7 +17,7 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True, *, named: 
         p.add_argument("--model", required=required, action="append", help="bundle directory, or NAME=DIR (repeatable; the first is the default)")
     else:
         p.add_argument("--model", required=required, help="bundle directory (or Hub repo id)")
-    add_dataclass_args(p, LoadSettings, group="model settings")
+    add_dataclass_args(p, LoadSettings, group="model settings", exclude=() if backends else ("vllm_timeout_s",))
     if backends:
         g = p.add_argument_group("backend")
         g.add_argument("--backend", choices=("nvrm", "vllm"), default="nvrm",

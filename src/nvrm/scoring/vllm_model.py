@@ -127,7 +127,8 @@ class VllmRewardModel:
         try:
             c = engine.contract
             if forward is None and url is not None:
-                forward = HttpVllm(url, export, bounds=images_kwargs(c), chat_kwargs={"enable_thinking": c.enable_thinking})
+                forward = HttpVllm(url, export, bounds=images_kwargs(c), chat_kwargs={"enable_thinking": c.enable_thinking},
+                                   timeout_s=settings.vllm_timeout_s)
             elif forward is None:
                 forward = InProcessVllm(export, dtype=settings.dtype, head_dtype=head_dtype_for(c, settings.dtype),
                                         bounds=images_kwargs(c), max_images=(c.max_context_frames or 48) + c.candidate_frames,
@@ -210,6 +211,12 @@ class VllmRewardModel:
     def max_batch_tokens(self) -> int:
         """The scheduler's budget per hand-over: vLLM batches and pages by itself, so only nvrm's setting bounds it."""
         return self.settings.max_batch_tokens or VLLM_HANDOVER_TOKENS
+
+    @property
+    def concurrent_forwards(self) -> int:
+        """Forwards the service's scheduler may have in flight at once: a vLLM server's (``HttpVllm.concurrency``), which needs
+        no process-wide forward lock; 1 for vLLM in this process (one at a time under the lock, like nvrm's engine)."""
+        return int(getattr(self.forward, "concurrency", 1) or 1)
 
     @property
     def device(self):

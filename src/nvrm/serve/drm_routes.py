@@ -62,6 +62,8 @@ def safetensors_header(raw: "bytes | memoryview") -> tuple[dict[str, Any], dict[
         header = json.loads(bytes(view[8 : 8 + n]))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise RequestError(_WHERE, "has a header that is not JSON; is it safetensors?") from e
+    except ValueError as e:  # an integer of more digits than Python converts (4300): no shape or offset is that long
+        raise RequestError(_WHERE, "has a header holding an integer of thousands of digits; no shape or offset is that long") from e
     if not isinstance(header, dict):
         raise RequestError(_WHERE, "has a header that is not a JSON object")
     meta = header.pop("__metadata__", None) or {}

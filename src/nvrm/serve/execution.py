@@ -6,11 +6,12 @@ Every item gets exactly one result: a failed shared forward or batch falls back 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wait
 from typing import Any
 
 from ..engine.workers import unexpected
@@ -37,13 +38,67 @@ def resolve(fut: Future, value: Any) -> None:
 
 
 class Execution:
-    """Runs what the scheduler's batching loop hands it, on the model, with metrics."""
+    """Runs what the scheduler's batching loop hands it, on the model, with metrics.
+
+    A model that takes several forwards at once (``concurrent_forwards`` > 1: a vLLM server, which batches them itself
+    and shares no device with this process) runs them on forward threads of their own, without ``FORWARD_LOCK``: a
+    call that hangs (up to the backend's timeout) holds its own items only, and the scorer goes on batching."""
 
     def __init__(self, model, metrics: Metrics, prefixes: PrefixCache):
         self.model = model
         self.engine = model.engine
         self.metrics = metrics
         self.prefixes = prefixes
+        n = getattr(model, "concurrent_forwards", 1)
+        n = n if type(n) is int and n > 1 else 1
+        self.lock: Any = FORWARD_LOCK if n == 1 else contextlib.nullcontext()
+        self._pool = ThreadPoolExecutor(n, thread_name_prefix="nvrm-forward") if n > 1 else None
+        self._free = threading.Semaphore(n)
+        self._running: set[Future] = set()
+        self._guard = threading.Lock()
+
+    def run(self, works: list[Any], group: bool) -> None:
+        """Score ``works`` (one group, or single items batched), then let them go (each one's ``settled``): here, or on a
+        forward thread once one is free (the wait is bounded by the backend's own timeout)."""
+        if self._pool is None:
+            return self._run_now(works, group)
+        self._free.acquire()
+        try:
+            fut = self._pool.submit(self._run_now, works, group)
+        except BaseException:
+            self._free.release()
+            raise
+        with self._guard:
+            self._running.add(fut)
+        fut.add_done_callback(self._ended)
+
+    def _ended(self, fut: Future) -> None:
+        with self._guard:
+            self._running.discard(fut)
+        self._free.release()
+        if not fut.cancelled() and (e := fut.exception()) is not None:
+            log.error("a forward thread failed: %s", " ".join(str(e).split())[:300] or type(e).__name__)
+
+    def _run_now(self, works: list[Any], group: bool) -> None:
+        try:
+            if group:
+                self.run_group(works[0])
+            else:
+                self.run_singles(works)
+        finally:
+            for w in works:
+                resolve(w.settled, None)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether every forward handed to a forward thread has ended within ``timeout`` (then the threads are let go)."""
+        if self._pool is None:
+            return True
+        with self._guard:
+            running = list(self._running)
+        _, left = wait(running, timeout)
+        if not left:
+            self._pool.shutdown(wait=False)
+        return not left
 
     def run_singles(self, batch: list[Any]) -> None:
         by_key: dict[Any, list[Any]] = defaultdict(list)
@@ -78,7 +133,7 @@ class Execution:
                 self.metrics.items.labels(outcome="error").inc()
         if not ok:
             return
-        with FORWARD_LOCK:
+        with self.lock:
             results = self.model.score_prepared_each([s.item for s in ok], exact=exact)
         self.metrics.forward.labels(kind="batch").observe(time.perf_counter() - t)
         self.metrics.batch_size.observe(len(ok))
@@ -95,7 +150,7 @@ class Execution:
         prefix = self.prefixes.get(key)
         t = time.perf_counter()
         try:
-            with FORWARD_LOCK:
+            with self.lock:
                 results, used = self.model.score_prepared_group_reusing(group, prefix)
             self.prefixes.put(key, used)
         except Exception as e:  # noqa: BLE001
@@ -114,7 +169,7 @@ class Execution:
     def run_group(self, g: Any) -> None:
         t = time.perf_counter()
         try:
-            with FORWARD_LOCK:
+            with self.lock:
                 out = self.model.score_prepared_group(g.prepared, exact=g.exact)
         except Exception as e:  # noqa: BLE001
             log.warning("a group failed unexpectedly", exc_info=True)

@@ -58,6 +58,8 @@ def swap_body(raw: bytes) -> dict[str, Any]:
     """A swap request's JSON object (else ``RequestError``)."""
     try:
         body = json.loads(raw or b"{}")
+    except RecursionError as e:
+        raise RequestError("request", f"is nested too deeply; {SEND}") from e
     except ValueError as e:
         raise RequestError("request", f"is not JSON; {SEND}") from e
     if not isinstance(body, dict):
@@ -68,12 +70,14 @@ def swap_body(raw: bytes) -> dict[str, Any]:
 def from_hub(body: dict[str, Any]) -> str:
     """The local folder of the hub bundle a swap body names (``repo`` at ``revision``), downloaded into the Hub cache
     if it is not there (runs in a thread); ``RequestError`` naming the repo and the reason when it cannot be had."""
-    from ..bundle.hub import download_bundle
+    from ..bundle.hub import download_bundle, repo_id_problem
     from ..errors import DownloadError
 
     repo, revision = body.get("repo"), body.get("revision")
-    if not isinstance(repo, str) or repo.count("/") != 1 or repo.startswith((".", "/", "~")):
-        raise RequestError("request.repo", f"{repo!r} is not a Hub repo id like ORG/NAME; {SEND}")
+    if not isinstance(repo, str) or (why := repo_id_problem(repo)) is not None:
+        shown = repr(repo[:100]) if isinstance(repo, str) else repr(repo)[:100]
+        reason = why if isinstance(repo, str) else "must be a string"
+        raise RequestError("request.repo", f"{shown} is not a Hub repo id like ORG/NAME ({reason}); {SEND}")
     if not isinstance(revision, str) or not revision:
         raise RequestError("request.revision", f"is missing: a swap from {repo} is pinned to a revision (a commit sha, tag or branch)")
     if "path" in body:
@@ -89,6 +93,8 @@ def allowed_path(serving: MultiServing, body: dict[str, Any]) -> str:
     path = body.get("path")
     if not isinstance(path, str) or not path:
         raise RequestError("request.path", f"is missing; {SEND}")
+    if "\0" in path:
+        raise RequestError("request.path", f"{path[:100]!r} holds a NUL byte, which no file path can hold")
     real = os.path.realpath(os.path.expanduser(path))
     if not any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in serving.config.allow_dirs):
         raise RequestError("request.path", f"{path} is not under an --allow-dir of this server", code=ErrorCode.FORBIDDEN)

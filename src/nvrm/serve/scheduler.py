@@ -272,10 +272,11 @@ class Scheduler:
             _resolve(fut, [ShuttingDown()] * slots if slots else ShuttingDown())
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Finish what is queued, then stop the scorer thread; False if it is still busy after ``timeout``."""
+        """Finish what is queued, then stop the scorer thread; False if it (or a forward thread) is still busy after ``timeout``."""
+        end = None if timeout is None else time.monotonic() + timeout
         self._ready.put(_STOP)
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return not self._thread.is_alive() and self.execution.wait(None if end is None else max(0.0, end - time.monotonic()))
 
     # ------------------------------------------------------------ scorer thread
 
@@ -296,15 +297,8 @@ class Scheduler:
         return True
 
     def _run(self, works: list[Any]) -> None:
-        """Score ``works`` (one group, or single items batched), then let them go (``settled``)."""
-        try:
-            if len(works) == 1 and isinstance(works[0], _Group):
-                self.execution.run_group(works[0])
-            else:
-                self.execution.run_singles(works)
-        finally:
-            for w in works:
-                _resolve(w.settled, None)
+        """Score ``works`` (one group, or single items batched), then let them go (``settled``; ``Execution.run``)."""
+        self.execution.run(works, group=len(works) == 1 and isinstance(works[0], _Group))
 
     def _loop(self) -> None:
         while True:

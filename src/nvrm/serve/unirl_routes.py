@@ -47,8 +47,14 @@ _MEDIA = {"video_b64": "data", "image_b64": "data", "video_path": "path"}
 
 
 def pickled(raw: bytes) -> bool:
-    """Whether ``raw`` starts like a pickle (protocol 2 and later begin with the PROTO opcode, 0x80)."""
-    return raw[:1] == b"\x80"
+    """Whether ``raw`` starts like a pickle (protocol 2 and later begin with the PROTO opcode, 0x80) and not like
+    safetensors: a safetensors body starts with its header's length (8 bytes, little-endian), whose low byte is 0x80
+    for one header length in 256, then the JSON header (``{``) within the body. A pickle's first 8 bytes, read so,
+    declare a length beyond any body (protocol 4's FRAME opcode, 0x95, is its third byte)."""
+    if raw[:1] != b"\x80":
+        return False
+    n = int.from_bytes(raw[:8], "little")
+    return not (len(raw) >= 9 and 8 + n <= len(raw) and raw[8:9] == b"{")
 
 
 def pickle_refusal(where: str) -> Reply:
@@ -147,7 +153,8 @@ def answer(reqs: list[Any], scored: list[int], results: list[dict], refused: dic
         else:
             out[i] = {REWARD_NAME: {"reward": r["reward"]}}
     for i, req in enumerate(reqs):
-        other = [n for n in (req.get("required_rewards") or []) if n != REWARD_NAME] if isinstance(req, dict) else []
+        wanted = req.get("required_rewards") if isinstance(req, dict) else None
+        other = [n for n in wanted if n != REWARD_NAME] if isinstance(wanted, list) else []  # a non-list was refused in _parse
         errors[i].update({str(n): f"not served by this server (it serves {REWARD_NAME!r})" for n in other})
     return {"protocol_version": PROTOCOL_VERSION, "results": out, "errors": errors, "identities": [_identity(r, fingerprint) for r in reqs]}
 
