@@ -20,6 +20,21 @@ def is_tensor(value: Any) -> bool:
     return hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "dtype")
 
 
+FLOAT_OVERSHOOT = 0.5
+"""How far float frames may stray outside [0, 1] and still be clamped (a decoder's overshoot); further out, the
+scale is wrong (0..255 frames not divided by 255, or frames in [-1, 1]) and clamping would score a white or black video."""
+
+
+def float_range_problem(lo: float, hi: float) -> str | None:
+    """Why float frames whose values span ``[lo, hi]`` are not frames in [0, 1] (None: they are, or they overshoot
+    by at most ``FLOAT_OVERSHOOT``, which is clamped). The one rule of the RL adapters and the differentiable reward."""
+    if hi > 1 + FLOAT_OVERSHOOT:
+        return f"values up to {round(hi, 3)!r} where float frames are in [0, 1]: divide by 255 (frames in 0..255)"
+    if lo < -FLOAT_OVERSHOOT:
+        return f"values down to {round(lo, 3)!r} where float frames are in [0, 1]: map them with (x + 1) / 2 (frames in [-1, 1])"
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Clip:
     """Decoded frames in memory: uint8 ``(T, H, W, 3)`` at ``fps`` frames per second.

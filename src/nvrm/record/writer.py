@@ -4,7 +4,7 @@
 counted. The thread samples each item's frames under its contract, stores them by content hash (a
 file already held is not written again), appends the row to the newest manifest segment and, past
 ``max_bytes``, deletes the oldest segments with the files only they referenced. Any write error (a
-full disk: ENOSPC) stops recording with one warning; scoring never sees it.
+full disk: ENOSPC) stops recording with one warning; scoring never sees it. One writer per folder (``lock``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
+from .lock import claim, release
 
 log = logging.getLogger("nvrm.record")
 
@@ -79,6 +80,7 @@ class RecordWriter:
         self._segments: deque[_Segment] = deque()
         self._known: OrderedDict[str, tuple[str, list[float]]] = OrderedDict()  # context id -> (key, times)
         self._next = 0
+        self._claim = claim(self.root)  # a second writer on this folder is refused here, in the caller
         self._thread = threading.Thread(target=self._run, name="nvrm-record", daemon=True)
         self._thread.start()
         atexit.register(self.close, 10.0)  # a trainer or a server that exits writes what is still queued first
@@ -105,14 +107,16 @@ class RecordWriter:
         return {"written": self.written, "dropped": self.dropped, "skipped": self.skipped, "bytes": self.bytes, "stopped": self.stopped}
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (up to ``timeout`` s) and stop the thread."""
+        """Write what is queued (up to ``timeout`` s), stop the thread and let another writer have the folder."""
+        if self._thread.is_alive():
+            try:
+                self.queue.put(None, timeout=timeout)
+            except queue.Full:
+                pass
+            self._thread.join(timeout)
         if not self._thread.is_alive():
-            return
-        try:
-            self.queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
+            release(self.root, self._claim)
+            self._claim = None
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything queued so far is written (tests, and a clean shutdown)."""

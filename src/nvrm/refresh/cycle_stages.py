@@ -60,10 +60,11 @@ def _as_video(root: Path, ref: dict, media: Path) -> str:
 
 def stage_record(cycle, sub: Path) -> str:
     """A snapshot of the record's request groups (two or more distinct candidates) as rollouts with their rewards."""
-    from ..record.reader import iter_groups, open_record, read_rows
+    from ..record.reader import iter_groups, open_record, read_rows, skipped_rows
 
     root = open_record(cycle.record)
-    rows, problems = read_rows(root)
+    rows, bad = read_rows(root)  # rows that cannot be used (no prompt, a reward that is no finite number, a path leading out) are counted
+    problems = [summary] if (summary := skipped_rows(bad, len(rows))) else []
     media = sub / "media"
     media.mkdir(parents=True, exist_ok=True)
     out = []

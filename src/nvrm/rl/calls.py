@@ -44,11 +44,14 @@ def video_of(video: Any, fps: Any, where: str) -> Any:
     """One generated video as the scorer takes it, or an ``InputError``.
 
     Float tensors or arrays in [0, 1], laid out ``[T, C, H, W]`` or ``[T, H, W, 3]``, on any device:
-    non-finite values are refused; values outside [0, 1] are clamped (the rule diffusers' video
-    post-processing applies); then ``round(x * 255)`` as uint8, on the tensor's own device, so only
-    the frames the contract samples are ever copied to the host. uint8 frames pass as they are;
-    other integer types are refused. Paths and bytes pass unchanged.
+    non-finite values are refused, and so are values further than 0.5 outside [0, 1] (frames in 0..255
+    or in [-1, 1]: ``nvrm.clip.float_range_problem`` names the fix); a smaller overshoot is clamped (the
+    rule diffusers' video post-processing applies); then ``round(x * 255)`` as uint8, on the tensor's own
+    device, so only the frames the contract samples are ever copied to the host. uint8 frames pass as they
+    are; other integer types are refused. Paths and bytes pass unchanged.
     """
+    from ..clip import float_range_problem
+
     if isinstance(video, (str, os.PathLike, bytes, bytearray, memoryview)):
         return video
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
@@ -61,6 +64,8 @@ def video_of(video: Any, fps: Any, where: str) -> Any:
             if v.dtype.is_floating_point:
                 if not bool(torch.isfinite(v).all()):
                     return InputError(where, "contains NaN or infinite values")
+                if v.numel() and (why := float_range_problem(*(float(x) for x in torch.aminmax(v)))):
+                    return InputError(where, why)
                 v = (v.float().clamp(0, 1) * 255).round().to(torch.uint8)
             elif v.dtype != torch.uint8:
                 return InputError(where, f"is an integer tensor of dtype {str(v.dtype).replace('torch.', '')}; pass float in [0, 1] or uint8")
@@ -71,6 +76,8 @@ def video_of(video: Any, fps: Any, where: str) -> Any:
             if v.dtype.kind == "f":
                 if not np.isfinite(v).all():
                     return InputError(where, "contains NaN or infinite values")
+                if v.size and (why := float_range_problem(float(v.min()), float(v.max()))):
+                    return InputError(where, why)
                 v = np.round(np.clip(v.astype(np.float32), 0, 1) * 255).astype(np.uint8)
             elif v.dtype != np.uint8:
                 return InputError(where, f"is an integer array of dtype {v.dtype}; pass float in [0, 1] or uint8")

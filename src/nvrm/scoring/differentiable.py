@@ -6,9 +6,10 @@ frames, fps=...)`` gives rewards ``[B]`` that backpropagate to ``frames`` (float
 
 Every step of the contract that has no gradient runs exactly, on the host, in the forward pass:
 the 1 FPS choice of frames (``plan_candidate``), uint8 quantisation (``round(clamp(x, 0, 1) * 255)``,
-the rule the RL adapters apply), the height-360 Pillow bicubic resize, the JPEG q85 round trip and
-the smart resize (``prepare_frame``). The gradient flows through a surrogate instead: the same two
-resizes as antialiased bicubic interpolation in torch, and identity through JPEG and quantisation.
+the rule the RL adapters apply; frames further than 0.5 outside [0, 1] are refused, ``nvrm.clip.float_range_problem``),
+the height-360 Pillow bicubic resize, the JPEG q85 round trip and the smart resize (``prepare_frame``). The
+gradient flows through a surrogate instead: the same two resizes as antialiased bicubic interpolation in torch,
+and identity through JPEG and quantisation.
 The two are joined straight-through, ``exact + (surrogate - surrogate.detach())``, whose value is
 ``exact`` bit for bit, so the reward equals ``score`` on the quantised frames bit for bit (CPU).
 
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..clip import float_range_problem
 from ..errors import ConfigError, InputError
 from ..forward.backprop import suffix_rewards
 from ..forward.pixels import levels_to_pixel_values
@@ -65,11 +67,13 @@ def as_videos(frames: Any) -> torch.Tensor:
     # sum is confirmed frame by frame (huge finite values can overflow it)
     if not bool(torch.isfinite(frames.detach().sum())) and not all(bool(torch.isfinite(videos[:, t].detach()).all()) for t in range(videos.shape[1])):
         raise InputError("frames", "contain NaN or infinite values")
+    if (why := float_range_problem(*(float(x) for x in torch.aminmax(frames.detach())))):  # one more reduction: 0..255 or [-1, 1] frames
+        raise InputError("frames", why)
     return videos
 
 
 def quantize(x: torch.Tensor) -> torch.Tensor:
-    """The uint8 frames ``score`` sees for float frames in [0, 1] (values outside are clamped)."""
+    """The uint8 frames ``score`` sees for float frames in [0, 1] (an overshoot of up to 0.5, all ``as_videos`` lets through, is clamped)."""
     return (x.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
 
 
