@@ -16,8 +16,6 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "nvrm"
 PENDING = {
     "serve/cosmos.py": "edited by another helper this round: its two too_large codes move to ErrorCode next",
     "serve/middleware.py": "edited by another helper this round: unauthorized, internal, overloaded, not_found move to ErrorCode next",
-    "serve/redis_jobs.py": "new this round (another helper): job_store_full / job_store_unavailable are in ErrorCode already",
-    "serve/shared_jobs.py": "new this round (another helper): bad_request, internal, too_large, job_store_unavailable",
 }
 """file -> why it still writes a code as a string (to be emptied, not grown)."""
 

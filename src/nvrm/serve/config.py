@@ -75,14 +75,17 @@ class ServeConfig:
     job_ttl_s: float = field(default=900.0, metadata=_help("how long a finished job's result is kept, however often it is fetched"))
     max_job_results_mb: float = field(default=64.0, metadata=_help("bytes of finished jobs' results kept; the oldest finished go first"))
     job_store: str = field(
-        default="memory",
-        metadata=_help("where jobs live: memory (this process) or redis://HOST:PORT/DB, shared by every replica (nvrm[redis])"),
+        default="memory", repr=False,  # a Redis URL may hold a password: never in a repr
+        metadata=_help("where jobs live: memory (this process) or redis://HOST:PORT/DB, shared by every replica (nvrm[redis]; "
+                       "a Redis whose maxmemory-policy evicts any key, allkeys-*, is refused)"),
     )
-    job_namespace: str = field(default="nvrm", metadata=_help("prefix of this service's Redis keys (with the model revision)"))
+    job_namespace: str = field(default="nvrm", metadata=_help("prefix of this service's Redis keys"))
     job_lease_s: float = field(
         default=30.0, metadata=_help("lease of a job taken from the Redis queue: one not renewed this long goes back to the queue")
     )
     job_workers: int = field(default=16, metadata=_help("jobs this replica takes from the Redis queue and scores at once"))
+    job_attempts: int = field(default=3, metadata=_help(
+        "times a Redis job is handed to a replica: one whose replica died (its lease ran out) this often fails with the reason"))
     replica_id: str | None = field(
         default=None, metadata=_help("this replica's name, answered as replica_id on enqueue (cosmos-rl pins pulls to it)")
     )
@@ -157,6 +160,7 @@ class ServeConfig:
             "max_job_results_mb": self.max_job_results_mb > 0,
             "job_lease_s": self.job_lease_s > 0,
             "job_workers": self.job_workers >= 1,
+            "job_attempts": self.job_attempts >= 1,
             "context_frames": self.context_frames >= 0,
             "decode_workers": self.decode_workers >= -1,
             "cosmos_fallback_score": True,
@@ -172,7 +176,10 @@ class ServeConfig:
             if name.endswith("_mb") and value > MAX_MB:
                 raise ConfigError(f"{name}={value!r} is more than {MAX_MB} MiB; give the memory this server may use")
         if self.job_store != "memory" and not self.job_store.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"--job-store {self.job_store!r}: use memory, or redis://HOST:PORT/DB for a store every replica shares")
+            from .redis_jobs import redacted
+
+            raise ConfigError(f"--job-store {redacted(self.job_store)!r}: use memory, or redis://HOST:PORT/DB for a store every "
+                              "replica shares")
         if self.watch:
             object.__setattr__(self, "watch", tuple(self.watch))
             parse_watch_specs(self.watch)

@@ -213,11 +213,19 @@ class Registry:
         self.drain_s = drain_s
         self.replacing: set[str] = set()
         """Names whose old revision is drained before the new one loads (``--swap-mode replace``): 503 meanwhile."""
+        self.switched: list[Callable[[str, str, str], None]] = []
+        """Called with (name, old revision, new revision) each time ``add`` serves another revision under a name (every
+        swap: ``PUT /v1/models``, ``--watch``, a Ray roll); the Redis job store records it for the queued jobs."""
 
     @property
     def names(self) -> list[str]:
         """The served names, the default first."""
         return list(self.entries)
+
+    def revisions(self, *, serving: bool = False) -> dict[str, str]:
+        """{name: the revision serving it} (``serving``: without the names ``--swap-mode replace`` is loading)."""
+        with self._lock:
+            return {n: e.revision for n, e in self.entries.items() if not (serving and n in self.replacing)}
 
     def current(self, name: str | None) -> Entry:
         """The entry serving ``name`` (None: the first); ``RequestError`` (400) naming the served models if unknown."""
@@ -279,11 +287,18 @@ class Registry:
             old = self.entries.get(e.name)
             self.entries[e.name] = e
             self.replacing.discard(e.name)
-            if old is None or old.retired:  # none, or held and drained already (--swap-mode replace)
-                return None
-            idle = self._retire(old)
+            held = old is None or old.retired  # none, or held and drained already (--swap-mode replace)
+            idle = False if held else self._retire(old)  # type: ignore[arg-type]
+        if old is not None and old.revision != e.revision:
+            for note in list(self.switched):
+                try:
+                    note(e.name, old.revision, e.revision)
+                except Exception:  # noqa: BLE001 - a listener never fails a swap
+                    log.exception("model %s: a listener of the swap %s -> %s failed", e.name, old.revision, e.revision)
+        if held:
+            return None
         if idle:
-            self._free(old)
+            self._free(old)  # type: ignore[arg-type]
         return old
 
     def _retire(self, old: Entry) -> bool:

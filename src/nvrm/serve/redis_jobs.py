@@ -1,32 +1,49 @@
 """Jobs kept in Redis (``--job-store redis://HOST:PORT/DB``): every replica admits, queues, takes and answers them.
 
-Keys live under ``{--job-namespace}:{model revision}:`` (P below), so replicas of two revisions never share work:
+Keys live under ``{--job-namespace}:jobs:`` (P below). A job is fetched from any replica whatever revision serves
+it; it is *scored* only by the weights it was accepted for (the digests the answers name: ``models.revision_of``),
+or by the revision a model swap put in their place (the answer then says so):
 
-    P:index   ZSET  job id -> when it may be dropped (admitted: a grace; queued or running: never; finished: + --job-ttl-s)
-    P:job:ID  HASH  kind, state (admitted, queued, running, done), group, content type, extra, result JSON, size, fetched
-    P:body:ID STR   the request body, until the job is done (whichever replica takes it parses it again)
-    P:queue   LIST  "group|id" entries waiting for a replica
-    P:leases  ZSET  job id -> lease deadline; a lease not renewed (its replica died) puts the job back in the queue
-    P:bytes   STR   bytes of the finished results kept (--max-job-results-mb holds across replicas)
+    P:index     ZSET  job id -> when it may be dropped (admitted: a grace; queued or running: never; finished: + --job-ttl-s)
+    P:job:ID    HASH  kind, state (admitted, queued, running, done), group, content type, extra, the revisions it asks
+                      for (want) and its queue, times taken, result JSON, size, fetched; failed or evicted: the reason
+    P:body:ID   STR   the request body, until the job is done (whichever replica takes it parses it again)
+    P:queues    HASH  queue id -> the revisions its jobs ask for ({model name: revision}, JSON)
+    P:q:QID     LIST  "group|id" entries waiting for a replica that serves those revisions
+    P:swaps     HASH  "name<TAB>old revision" -> the revision a swap put in its place (any replica's, any route)
+    P:replicas  HASH  replica -> the revisions it serves; P:alive ZSET replica -> until when it counts as alive
+    P:leases    ZSET  job id -> lease deadline; a lease not renewed (its replica died) puts the job back in its queue,
+                      at most --job-attempts times in all: then it fails with the reason (a poison job)
+    P:bytes     STR   bytes of the finished results kept (--max-job-results-mb holds across replicas)
 
 Every step is one Lua script (atomic, on Redis' own clock), so the limits hold across replicas: a job counts
 from its admission (before its body is read), and the first finished result wins; a later one is refused.
-A result that cannot be kept (alone past the byte bound, or evicted unfetched to make room) leaves a marker
-that answers 507 with the reason, never a 404 for a job that was accepted. Results are JSON, never pickled.
+No key carries a TTL: Redis never drops one by itself, so ``P:bytes`` is always the bytes held (and a volatile-*
+eviction policy never touches them; an allkeys-* one is refused). A result that cannot be kept (alone past the
+byte bound, or evicted unfetched to make room) leaves a marker that answers 507 with the reason, never a 404 for
+a job that was accepted. A queue no live replica can serve (its revisions gone, no swap leading on) fails its
+jobs with the reason after --job-ttl-s. Results are JSON, never pickled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError, Unavailable
+from ..protocol import ErrorCode
 
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 """The ids this service issues (uuid4 hex); anything else is unknown before any key is built from it."""
 RETRY_AFTER_S = 2
+_SECRET_KEY = re.compile(r"pass|secret|token|auth|cred|key", re.IGNORECASE)
+"""Query parameters of a Redis URL whose values are never shown (``?password=...``, ``ssl_password``, ...)."""
 
 _LIB = """
 local P = ARGV[1]
@@ -41,6 +58,12 @@ local function drop(id)
 end
 local function expire(t)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', P..'index', '-inf', t)) do drop(id) end
+end
+local function beat(t, me, served, lease)  -- this replica is alive and serves these revisions
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', P..'alive', '-inf', t)) do redis.call('HDEL', P..'replicas', gone) end
+  redis.call('ZREMRANGEBYSCORE', P..'alive', '-inf', t)
+  redis.call('ZADD', P..'alive', t + 3 * lease, me)
+  redis.call('HSET', P..'replicas', me, served)
 end
 """
 
@@ -60,35 +83,108 @@ return 1
 """
 
 _ENQUEUE = _LIB + """
-local id = ARGV[2]
+local id, qid = ARGV[2], ARGV[8]
 if redis.call('HGET', P..'job:'..id, 'state') ~= 'admitted' then return 0 end
 redis.call('SET', P..'body:'..id, ARGV[6])
-redis.call('HSET', P..'job:'..id, 'state', 'queued', 'kind', ARGV[3], 'group', ARGV[4], 'extra', ARGV[5], 'ctype', ARGV[7])
+redis.call('HSET', P..'job:'..id, 'state', 'queued', 'kind', ARGV[3], 'group', ARGV[4], 'extra', ARGV[5], 'ctype', ARGV[7],
+           'q', qid, 'want', ARGV[9])
 redis.call('ZADD', P..'index', PENDING + now(), id)
-redis.call('RPUSH', P..'queue', ARGV[4]..'|'..id)
+redis.call('HSET', P..'queues', qid, ARGV[9])
+redis.call('RPUSH', P..'q:'..qid, ARGV[4]..'|'..id)
 return 1
 """
 
 _TAKE = _LIB + """
 local t = now()
-local lease, most, worker = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local lease, most, worker, me, mine = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local attempts, ttl, orphan_s = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[11])
+local served = cjson.decode(mine)
+for _, l in ipairs(cjson.decode(ARGV[7])) do redis.call('HSET', P..'swaps', l[1]..'\\t'..l[2], l[3]) end
+beat(t, me, ARGV[16], lease)
+local function fail(id, why, code)  -- done, with a reason instead of a result (answered as a failed job)
+  redis.call('DEL', P..'body:'..id)
+  redis.call('ZREM', P..'leases', id)
+  redis.call('HSET', P..'job:'..id, 'state', 'done', 'finished', t, 'size', 0, 'failed', why, 'code', code)
+  redis.call('ZADD', P..'index', t + ttl, id)
+end
+local function leads(name, from, to)  -- a model swap (or a chain of them) put revision 'to' of 'name' in the place of 'from'
+  local r = from
+  for _ = 1, 32 do
+    r = redis.call('HGET', P..'swaps', name..'\\t'..r)
+    if not r then return false end
+    if r == to then return true end
+  end
+  return false
+end
+local function fits(want, have)  -- 2: the revisions it asks for; 1: what swaps put in their place; 0: neither
+  local fit = 2
+  for name, rev in pairs(want) do
+    local h = have[name]
+    if h ~= rev then
+      if h == nil or not leads(name, rev, h) then return 0 end
+      fit = 1
+    end
+  end
+  return fit
+end
+local others = nil
+local function anyone(want)  -- does a live replica serve it?
+  if others == nil then
+    others = {}
+    local r = redis.call('HGETALL', P..'replicas')
+    for i = 2, #r, 2 do others[#others + 1] = cjson.decode(r[i]) end
+  end
+  for _, have in ipairs(others) do if fits(want, have) > 0 then return true end end
+  return false
+end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', P..'leases', '-inf', t)) do  -- their replica died: back to the front
   redis.call('ZREM', P..'leases', id)
   local job = P..'job:'..id
-  if redis.call('HGET', job, 'state') == 'running' then
-    redis.call('HSET', job, 'state', 'queued')
-    redis.call('HINCRBY', job, 'retries', 1)
-    redis.call('LPUSH', P..'queue', (redis.call('HGET', job, 'group') or '')..'|'..id)
+  local f = redis.call('HMGET', job, 'state', 'taken', 'worker', 'q', 'want', 'group')
+  if f[1] == 'running' then
+    if (tonumber(f[2]) or 0) >= attempts then
+      fail(id, ARGV[10]..(f[3] or '?'), ARGV[14])
+    else
+      redis.call('HSET', job, 'state', 'queued')
+      redis.call('HSET', P..'queues', f[4], f[5])
+      redis.call('LPUSH', P..'q:'..f[4], (f[6] or '')..'|'..id)
+    end
   end
 end
-local first = redis.call('LPOP', P..'queue')
-if not first then return {} end
+local best, best_at, spare, spare_at = nil, nil, nil, nil
+local qs = redis.call('HGETALL', P..'queues')
+for i = 1, #qs, 2 do
+  local qid, q = qs[i], P..'q:'..qs[i]
+  local head = redis.call('LINDEX', q, 0)
+  if not head then redis.call('HDEL', P..'queues', qid) else
+    local want = cjson.decode(qs[i + 1])
+    local fit = fits(want, served)
+    local at = tonumber(redis.call('HGET', P..'job:'..string.match(head, '|(.*)$'), 'created')) or t
+    if fit == 2 or (fit == 1 and t - at >= lease) then  -- its own revisions first; a swapped-from one's once it waited
+      if best == nil or at < best_at then best, best_at = q, at end
+    elseif fit == 1 then
+      if spare == nil or at < spare_at then spare, spare_at = q, at end
+    elseif t - at >= orphan_s and not anyone(want) then  -- nobody serves what it asks for: each job fails, saying so
+      local names = {}
+      for name, rev in pairs(want) do names[#names + 1] = (name ~= '' and ("model '"..name.."' at ") or '')..'revision '..rev end
+      for _, e in ipairs(redis.call('LRANGE', q, 0, -1)) do
+        local id = string.match(e, '|(.*)$')
+        if redis.call('HGET', P..'job:'..id, 'state') == 'queued' then fail(id, ARGV[12]..table.concat(names, ', ')..ARGV[13], ARGV[15]) end
+      end
+      redis.call('DEL', q)
+      redis.call('HDEL', P..'queues', qid)
+    end
+  end
+end
+local q = best or spare
+if q == nil then return {} end
+local first = redis.call('LPOP', q)
 local entries = {first}
 local group = string.match(first, '^(.*)|')
 if group ~= '' then  -- the rest of its group (one prompt's rollouts) comes along: they share one prefill
-  for _, e in ipairs(redis.call('LRANGE', P..'queue', 0, 255)) do
+  for _, e in ipairs(redis.call('LRANGE', q, 0, 255)) do
     if #entries >= most then break end
-    if string.match(e, '^(.*)|') == group then redis.call('LREM', P..'queue', 1, e); entries[#entries + 1] = e end
+    if string.match(e, '^(.*)|') == group then redis.call('LREM', q, 1, e); entries[#entries + 1] = e end
   end
 end
 local out = {}
@@ -97,9 +193,10 @@ for _, e in ipairs(entries) do
   local job = P..'job:'..id
   if redis.call('HGET', job, 'state') == 'queued' then
     redis.call('HSET', job, 'state', 'running', 'worker', worker)
+    redis.call('HINCRBY', job, 'taken', 1)
     redis.call('ZADD', P..'leases', t + lease, id)
-    local f = redis.call('HMGET', job, 'kind', 'ctype', 'extra')
-    out[#out + 1] = {id, f[1], f[2], f[3], redis.call('GET', P..'body:'..id)}
+    local f = redis.call('HMGET', job, 'kind', 'ctype', 'extra', 'want')
+    out[#out + 1] = {id, f[1], f[2], f[3], redis.call('GET', P..'body:'..id), f[4]}
   end
 end
 return out
@@ -107,7 +204,8 @@ return out
 
 _RENEW = _LIB + """
 local t = now()
-for i = 3, #ARGV do redis.call('ZADD', P..'leases', 'XX', t + tonumber(ARGV[2]), ARGV[i]) end
+beat(t, ARGV[3], ARGV[4], tonumber(ARGV[2]))
+for i = 5, #ARGV do redis.call('ZADD', P..'leases', 'XX', t + tonumber(ARGV[2]), ARGV[i]) end
 return 1
 """
 
@@ -127,8 +225,15 @@ else
   redis.call('INCRBY', P..'bytes', size)
 end
 redis.call('ZADD', P..'index', t + ttl, id)
-redis.call('EXPIRE', job, math.ceil(ttl * 2 + 60))
-local over = tonumber(redis.call('GET', P..'bytes') or '0') - most
+local total = tonumber(redis.call('GET', P..'bytes') or '0')
+if total > most then  -- before anything is evicted for it, the total is counted again from what is held
+  total = 0
+  for _, old in ipairs(redis.call('ZRANGEBYSCORE', P..'index', '-inf', PENDING - 1)) do
+    total = total + (tonumber(redis.call('HGET', P..'job:'..old, 'size')) or 0)
+  end
+  redis.call('SET', P..'bytes', total)
+end
+local over = total - most
 if over > 0 then  -- the oldest finished go first; one never fetched leaves a marker that answers 507
   for _, old in ipairs(redis.call('ZRANGEBYSCORE', P..'index', '-inf', PENDING - 1)) do
     if over <= 0 then break end
@@ -159,65 +264,137 @@ return redis.call('HGETALL', P..'job:'..ARGV[2])
 
 _STATS = _LIB + """
 expire(now())
-return {redis.call('ZCARD', P..'index'), redis.call('ZCOUNT', P..'index', PENDING, '+inf'), redis.call('LLEN', P..'queue')}
+local queued = 0
+for _, qid in ipairs(redis.call('HKEYS', P..'queues')) do queued = queued + redis.call('LLEN', P..'q:'..qid) end
+return {redis.call('ZCARD', P..'index'), redis.call('ZCOUNT', P..'index', PENDING, '+inf'), queued}
 """
 
 
 @dataclass(frozen=True)
 class Taken:
-    """A job a replica took from the queue: its id, kind, body and what its submitter noted."""
+    """A job a replica took from the queue: its id, kind, body, what its submitter noted, and the revisions it asked for."""
 
     id: str
     kind: str
     content_type: str
     extra: dict[str, Any]
     body: bytes
+    want: dict[str, str] = field(default_factory=dict)
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password (for messages)."""
-    return re.sub(r"//[^@/]*@", "//***@", url)
+    """``url`` without its secrets (for messages): no user or password, no value of a query parameter that may hold one."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a Redis URL that does not parse)"
+    if "://" not in url:  # not a URL at all (``memory``, a typo): shown as given, unless it may hold a password
+        return url if "@" not in url and "?" not in url else "(a value that may hold a password)"
+    netloc = parts.netloc if "@" not in parts.netloc else "***@" + parts.netloc.rpartition("@")[2]
+    query = "&".join(f"{p.partition('=')[0]}=***" if _SECRET_KEY.search(unquote(p.partition("=")[0])) else p
+                     for p in parts.query.split("&")) if parts.query else ""
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def secrets_of(url: str) -> list[str]:
+    """The secrets ``url`` holds (its password, and the values ``redacted`` hides), raw and decoded, longest first."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [url]
+    found = []
+    if "@" in parts.netloc:
+        found += [parts.netloc.rpartition("@")[0], parts.netloc.rpartition("@")[0].partition(":")[2]]
+    for p in parts.query.split("&") if parts.query else ():
+        key, _, value = p.partition("=")
+        if _SECRET_KEY.search(unquote(key)):
+            found.append(value)
+    found += [unquote(s) for s in found]
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` on one line, each of ``secrets`` in it replaced by ``***``."""
+    text = " ".join(str(text).split())
+    for s in secrets:
+        text = text.replace(s, "***")
+    return text
+
+
+def evicting(client) -> str | None:
+    """Why Redis (a redis-py client) may drop accepted jobs by itself, or None: an ``allkeys-*`` maxmemory policy
+    evicts any key once Redis is full (``volatile-*`` ones only keys with a TTL, and nvrm's keys carry none)."""
+    policy = client.info("memory").get("maxmemory_policy")
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if isinstance(policy, str) and policy.startswith("allkeys-"):
+        return (f"its maxmemory-policy is {policy}, which evicts any key once Redis is full, so accepted jobs could vanish "
+                "without an error; set maxmemory-policy noeviction (Redis then refuses writes: 503 job_store_full)")
+    return None
 
 
 def connect(url: str, *, check: bool = True):
-    """A redis-py client of ``url``; with ``check``, a ``ConfigError`` naming the URL when it cannot be reached."""
+    """A redis-py client of ``url``; with ``check``, a ``ConfigError`` naming the URL (never its secrets) when it cannot
+    be reached, or when its eviction policy could drop accepted jobs (``evicting``)."""
+    shown, secrets = redacted(url), secrets_of(url)
     try:
         import redis
     except ImportError as e:
-        raise ConfigError(f"--job-store {redacted(url)}: redis-py is not installed; pip install 'nvrm[redis]'") from e
+        raise ConfigError(f"--job-store {shown}: redis-py is not installed; pip install 'nvrm[redis]'") from e
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=10)
     except ValueError as e:
-        raise ConfigError(f"--job-store {redacted(url)}: not a Redis URL ({e}); use redis://HOST:PORT/DB") from e
+        raise ConfigError(f"--job-store {shown}: not a Redis URL ({scrub(e, secrets)}); use redis://HOST:PORT/DB") from e
     if check:
         try:
             client.ping()
         except redis.RedisError as e:
-            raise ConfigError(f"--job-store {redacted(url)}: Redis is unreachable ({e}); start it or fix the URL") from e
+            raise ConfigError(f"--job-store {shown}: Redis is unreachable ({scrub(e, secrets)}); start it or fix the URL") from e
+        try:
+            why = evicting(client)
+        except redis.RedisError as e:
+            raise ConfigError(f"--job-store {shown}: its maxmemory-policy could not be read (INFO memory: {scrub(e, secrets)}); "
+                              "allow INFO, so that a Redis that evicts jobs is refused") from e
+        if why is not None:
+            raise ConfigError(f"--job-store {shown}: {why}")
     return client
 
 
+def queue_of(want: dict[str, str]) -> str:
+    """The id of the queue of jobs asking for the revisions ``want`` ({model name: revision})."""
+    return hashlib.sha256(json.dumps(sorted(want.items())).encode()).hexdigest()[:24]
+
+
 class RedisJobStore:
-    """The shared store: admission, the work queue, leases and results, each step one atomic script."""
+    """The shared store: admission, the work queues, leases and results, each step one atomic script."""
+
+    POLICY_CHECK_S = 1.0
+    """How long a reading of Redis' eviction policy is trusted before an admission reads it again."""
 
     def __init__(self, url: str, namespace: str, *, max_jobs: int, ttl_s: float, max_result_bytes: int, lease_s: float,
-                 admit_grace_s: float):
+                 admit_grace_s: float, attempts: int = 3, orphan_s: float | None = None):
         import redis
 
-        self.url, self.namespace = redacted(url), namespace
+        self.url, self.namespace, self._secrets = redacted(url), namespace, secrets_of(url)
         self.max_jobs, self.ttl_s, self.max_result_bytes, self.lease_s = max_jobs, ttl_s, max_result_bytes, lease_s
-        self.admit_grace_s = admit_grace_s
+        self.admit_grace_s, self.attempts = admit_grace_s, attempts
+        self.orphan_s = ttl_s if orphan_s is None else orphan_s
         self.redis = connect(url)
         self._errors = redis.RedisError
         self._scripts = {name: self.redis.register_script(src) for name, src in
                          (("admit", _ADMIT), ("release", _RELEASE), ("enqueue", _ENQUEUE), ("take", _TAKE),
                           ("renew", _RENEW), ("finish", _FINISH), ("get", _GET), ("stats", _STATS),
                           ("fetched", _FETCHED))}
-        self.prefix = f"{namespace}:unbound:"
+        self.prefix = f"{namespace}:jobs:"
+        self.served: dict[str, str] = {}
+        """The revisions this replica serves ({model name: revision}) when ``enqueue`` and ``take`` are given none."""
+        self.me = uuid.uuid4().hex[:16]
+        """This store's replica in ``P:replicas`` (unique even when two replicas share a --replica-id)."""
+        self._policy_read, self._policy_why = time.monotonic(), None  # connect() has just read it
 
     def bind(self, revision: str) -> None:
-        """Use the keys of model revision ``revision`` from now on."""
-        self.prefix = f"{self.namespace}:{revision}:"
+        """Serve one unnamed model at ``revision``: what ``enqueue`` asks for and ``take`` serves when given no revisions."""
+        self.served = {"": revision}
 
     def _run(self, name: str, *args: Any) -> Any:
         try:
@@ -226,16 +403,30 @@ class RedisJobStore:
             raise self.unavailable(e) from e
 
     def unavailable(self, e: Exception) -> Unavailable:
-        """The 503 a Redis failure is answered with: full (maxmemory) or unreachable, with the reason."""
-        text = " ".join(str(e).split())
+        """The 503 a Redis failure is answered with: full (maxmemory) or unreachable, with the reason (no secret)."""
+        text = scrub(e, self._secrets)
         if type(e).__name__ == "OutOfMemoryError" or text.startswith("OOM") or "maxmemory" in text:
             why = f"Redis at {self.url} is full ({text[:160]}); raise its maxmemory or fetch results"
-            return Unavailable("job store", why, 503, "job_store_full")
+            return Unavailable("job store", why, 503, ErrorCode.JOB_STORE_FULL)
         return Unavailable("job store", f"Redis at {self.url} is unavailable ({type(e).__name__}: {text[:160]}); retry shortly",
-                           503, "job_store_unavailable")
+                           503, ErrorCode.JOB_STORE_UNAVAILABLE)
+
+    def _evicting(self) -> str | None:
+        """``evicting`` of this Redis, read again once ``POLICY_CHECK_S`` has passed (its policy may change at run time)."""
+        if time.monotonic() - self._policy_read >= self.POLICY_CHECK_S:
+            try:
+                self._policy_why = evicting(self.redis)
+            except self._errors as e:
+                raise self.unavailable(e) from e
+            self._policy_read = time.monotonic()
+        return self._policy_why
 
     def admit(self, job_id: str) -> str | None:
-        """Count ``job_id`` as held from now (before its body is read); the reason when the store is full."""
+        """Count ``job_id`` as held from now (before its body is read); the reason when the store is full. Raises
+        ``Unavailable`` while Redis could evict accepted jobs by itself (``evicting``)."""
+        if (why := self._evicting()) is not None:
+            raise Unavailable("job store", f"Redis at {self.url}: {why}; no job is accepted until then", 503,
+                              ErrorCode.JOB_STORE_UNAVAILABLE)
         ok, held, pending = self._run("admit", job_id, self.max_jobs, self.admit_grace_s)
         if ok:
             return None
@@ -246,21 +437,37 @@ class RedisJobStore:
         """Give back an admission whose body was refused."""
         self._run("release", job_id)
 
-    def enqueue(self, job_id: str, kind: str, group: str, extra: dict[str, Any], body: bytes, content_type: str) -> bool:
-        """Queue an admitted job for any replica; False when its admission was lost (expired, or Redis restarted)."""
-        return bool(self._run("enqueue", job_id, kind, group, json.dumps(extra), body, content_type))
+    def enqueue(self, job_id: str, kind: str, group: str, extra: dict[str, Any], body: bytes, content_type: str,
+                want: dict[str, str] | None = None) -> bool:
+        """Queue an admitted job for the replicas serving ``want`` ({model name: revision}; default ``served``); False
+        when its admission was lost (expired, or Redis restarted)."""
+        want = dict(self.served if want is None else want)
+        return bool(self._run("enqueue", job_id, kind, group, json.dumps(extra), body, content_type, queue_of(want),
+                              json.dumps(want, sort_keys=True)))
 
-    def take(self, worker: str, most: int) -> list[Taken]:
-        """Up to ``most`` queued jobs (the first and the rest of its group), leased to ``worker``."""
+    def take(self, worker: str, most: int, *, served: dict[str, str] | None = None, holds: dict[str, str] | None = None,
+             links: list[tuple[str, str, str]] | tuple = ()) -> list[Taken]:
+        """Up to ``most`` queued jobs (the first and the rest of its group) that ``served`` ({model name: revision}; default
+        ``served``) can score, leased to ``worker``. ``holds``: what this replica says it is alive with (default ``served``;
+        more while ``--swap-mode replace`` loads a model). ``links`` are this replica's swaps ``(name, old revision, new)``
+        not yet recorded: from now on, jobs asking for the old revision may be scored by the new one."""
+        served = self.served if served is None else served
+        dead = (f"the replica scoring it died (its lease of {self.lease_s:g} s ran out) each of the {self.attempts} times it "
+                "was taken, so it is not handed out again (an input that kills the replica?); the last one was ")
+        gone = ("no replica serves ", f" any more, and no model swap put a served revision in its place, after {self.orphan_s:g} s; "
+                "submit the job again")
+        rows = self._run("take", self.lease_s, most, worker, self.me, json.dumps(served, sort_keys=True), json.dumps([list(x) for x in links]),
+                         self.attempts, self.ttl_s, dead, self.orphan_s, gone[0], gone[1], str(ErrorCode.INTERNAL),
+                         str(ErrorCode.UNAVAILABLE), json.dumps(served if holds is None else holds, sort_keys=True))
         out = []
-        for jid, kind, ctype, extra, body in self._run("take", self.lease_s, most, worker):
-            out.append(Taken(jid.decode(), kind.decode(), (ctype or b"").decode(), json.loads(extra or b"{}"), body or b""))
+        for jid, kind, ctype, extra, body, want in rows:
+            out.append(Taken(jid.decode(), kind.decode(), (ctype or b"").decode(), json.loads(extra or b"{}"), body or b"",
+                             json.loads(want or b"{}")))
         return out
 
-    def renew(self, job_ids: list[str]) -> None:
-        """Extend the leases of the jobs this replica is scoring."""
-        if job_ids:
-            self._run("renew", self.lease_s, *job_ids)
+    def renew(self, job_ids: list[str], served: dict[str, str] | None = None) -> None:
+        """Extend the leases of the jobs this replica is scoring, and say it is alive (serving ``served``)."""
+        self._run("renew", self.lease_s, self.me, json.dumps(self.served if served is None else served, sort_keys=True), *job_ids)
 
     def finish(self, job_id: str, result: Any) -> int:
         """Keep ``result`` (JSON): 1 kept, 0 a duplicate (another replica finished it first), -1 the job is gone."""
@@ -279,8 +486,9 @@ class RedisJobStore:
         if not flat:
             return None
         fields = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
-        job = {k: v.decode() for k, v in fields.items() if k not in ("result", "extra")}
+        job = {k: v.decode() for k, v in fields.items() if k not in ("result", "extra", "want")}
         job["extra"] = json.loads(fields.get("extra") or b"{}")
+        job["want"] = json.loads(fields.get("want") or b"{}")
         job["result"] = json.loads(fields["result"]) if fields.get("result") else None
         return job
 
@@ -292,6 +500,6 @@ class RedisJobStore:
             pass  # only the eviction order depends on it
 
     def stats(self) -> tuple[int, int, int]:
-        """Jobs held, still pending, and waiting in the queue (all replicas)."""
+        """Jobs held, still pending, and waiting in the queues (all replicas)."""
         held, pending, queued = self._run("stats")
         return int(held), int(pending), int(queued)

@@ -6,9 +6,13 @@
                      ─► keep the result (first one wins; a late duplicate is dropped and counted)
     fetch / pull (any replica) ─► the result from Redis: the same JSON the in-memory store answers
 
-A replica that dies stops renewing its leases; its jobs go back to the queue and another replica scores
-them. Redis unreachable: 503 ``job_store_unavailable`` with ``Retry-After`` (full: ``job_store_full``), and
-the next request after it comes back works again.
+A job asks for the revisions serving the models it names when it is submitted (the digests its answer names);
+a replica takes only jobs it serves those revisions for, or revisions a model swap (on any replica, by any route:
+``PUT /v1/models``, ``--watch``, ``nvrm refresh --serve``) put in their place, and then the answer says so
+(``accepted_revision``). A replica that dies stops renewing its leases; its jobs go back to the queue and another
+replica scores them, at most ``--job-attempts`` times: then the job fails with the reason. Redis unreachable: 503
+``job_store_unavailable`` with ``Retry-After`` (full: ``job_store_full``), and the next request after it comes back
+works again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..protocol import ErrorCode, error_body
 from ..results import one_line
 from .contexts import ContextStore
 from .cosmos import Rollouts, parse_enqueue
+from .models import DEFAULT_NAME
 from .redis_jobs import RETRY_AFTER_S, RedisJobStore, Taken
 from .requests import parse_work
 from .serving import Reply
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 """How often an idle worker looks at the queue again."""
+REPLACE_LOAD_S = 600.0
+"""How long, beyond --drain-timeout-s, a taken job waits for ``--swap-mode replace`` to load its model."""
 
 
 def rollouts_json(r: Rollouts) -> dict[str, Any]:
@@ -76,6 +83,29 @@ class _InlineContexts:
         return getattr(self._serving, name)
 
 
+class SwapLog:
+    """This replica's model swaps (name, old revision, new) not yet recorded in Redis: the worker's next take does."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._swaps: list[tuple[str, str, str]] = []
+
+    def add(self, name: str, old: str, new: str) -> None:
+        """Note a swap (``models.Registry.switched`` calls it)."""
+        with self._lock:
+            self._swaps.append((name, old, new))
+
+    def pending(self) -> list[tuple[str, str, str]]:
+        """The swaps not yet recorded (``recorded`` drops them once they are)."""
+        with self._lock:
+            return list(self._swaps)
+
+    def recorded(self, n: int) -> None:
+        """The first ``n`` of ``pending()`` are in Redis now."""
+        with self._lock:
+            del self._swaps[:n]
+
+
 class SharedJobs:
     """``JobService``'s submit, fetch, pull and ping over the Redis store, and this replica's queue worker."""
 
@@ -84,13 +114,17 @@ class SharedJobs:
         c = self.serving.config
         self.store = RedisJobStore(c.job_store, c.job_namespace, max_jobs=c.max_jobs, ttl_s=c.job_ttl_s,
                                    max_result_bytes=int(c.max_job_results_mb * 2**20), lease_s=c.job_lease_s,
-                                   admit_grace_s=c.body_timeout_s + 60)
+                                   admit_grace_s=c.body_timeout_s + 60, attempts=c.job_attempts)
         r = self.serving.metrics.registry
         self.duplicates = Counter("nvrm_job_duplicate_results", "Job results dropped: another replica had finished the job first",
                                   registry=r)
         self.taken = Counter("nvrm_jobs_taken", "Jobs this replica took from the shared queue (retried ones included)", registry=r)
         self.name = c.replica_id or self.serving.replica
         self.worker: QueueWorker | None = None
+        self.swaps = SwapLog()
+        registry = getattr(self.serving, "registry", None)
+        if registry is not None:
+            registry.switched.append(self.swaps.add)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -105,15 +139,24 @@ class SharedJobs:
         if self.worker is not None:
             self.worker.stop()
 
-    def bind(self) -> None:
-        """Key the store by the loaded model's revision."""
-        m = self.serving.model
-        self.store.bind(str(getattr(m, "revision", None) or "unversioned"))
+    def revisions(self, *, serving: bool = False) -> dict[str, str]:
+        """{model name: revision} of this replica's models (``serving``: only those that take requests now, not one
+        ``--swap-mode replace`` is loading)."""
+        registry = getattr(self.serving, "registry", None)
+        if registry is None:
+            m = self.serving.model
+            return {} if m is None else {DEFAULT_NAME: str(getattr(m, "revision", None) or "unversioned")}
+        return registry.revisions(serving=serving)
 
-    async def call(self, fn, *args):
-        """``fn(*args)`` on the store, off the event loop."""
-        self.bind()
-        return await asyncio.to_thread(fn, *args)
+    def wanted(self, names) -> dict[str, str]:
+        """What a job naming the models ``names`` (None or empty: the default) asks for: the revisions serving them now."""
+        revisions = self.revisions()
+        default = next(iter(revisions), None)
+        return {n: revisions[n] for n in [n or default for n in (names or [None])] if n in revisions}
+
+    async def call(self, fn, *args, **kw):
+        """``fn(*args, **kw)`` on the store, off the event loop."""
+        return await asyncio.to_thread(fn, *args, **kw)
 
     def down(self, e: Unavailable) -> Reply:
         """The 503 a store failure is answered with."""
@@ -144,15 +187,15 @@ class SharedJobs:
                     await self.call(self.store.release, job_id)
 
     async def _queue(self, job_id: str, kind: str, group: str, extra: dict, raw: bytes, content_type: str, need: int,
-                     answer: dict) -> Reply:
+                     answer: dict, want: dict[str, str]) -> Reply:
         budget = self.serving.budget
         if need > budget.max_bytes:
             return Reply.error(ErrorCode.TOO_LARGE, f"job: it needs up to {need} bytes, more than --max-inflight-mb allows "
                                f"({budget.max_bytes})")
         try:
-            if not await self.call(self.store.enqueue, job_id, kind, group, extra, raw, content_type):
+            if not await self.call(self.store.enqueue, job_id, kind, group, extra, raw, content_type, want):
                 raise Unavailable("job store", f"the admission of job {job_id} was lost (Redis restarted?); submit it again", 503,
-                                  "job_store_unavailable")
+                                  ErrorCode.JOB_STORE_UNAVAILABLE)
         except Unavailable as e:
             return self.down(e)
         return Reply(200, answer)
@@ -163,7 +206,7 @@ class SharedJobs:
         async def check(raw: bytes, reserved: int, job_id: str) -> Reply:
             work = await asyncio.to_thread(parse_work, _InlineContexts(self.serving), raw, body.content_type, kind)
             return await self._queue(job_id, f"v1:{kind}", "", {}, raw, body.content_type, reserved + work.prepared_bytes,
-                                     {"id": job_id, "status": "pending"})
+                                     {"id": job_id, "status": "pending"}, self.wanted([work.model]))
 
         return await self._submit("job body", body, check)
 
@@ -177,7 +220,7 @@ class SharedJobs:
             group = "c" + hashlib.sha256(json.dumps([req.prompts, req.fps]).encode()).hexdigest()[:24]
             need = reserved + req.decoded_bytes() + svc._frames_bound(req)
             return await self._queue(job_id, "cosmos", group, {"prompts": req.batch}, raw, body.content_type, need,
-                                     {"uuid": job_id, **svc.replica_answer()})
+                                     {"uuid": job_id, **svc.replica_answer()}, self.wanted(list(req.reward_fn)))
 
         return await self._submit("enqueue body", body, check)
 
@@ -203,6 +246,9 @@ class SharedJobs:
         if job["state"] != "done":
             return Reply(202, {"id": job_id, "status": "pending"}, {"Retry-After": "1"})
         await asyncio.to_thread(self.store.mark_fetched, job_id)
+        if job.get("failed"):  # no replica could score it (a poison job, or nobody serves what it asked for)
+            return Reply(200, {"id": job_id, "status": "failed", **error_body(ErrorCode.read(job.get("code")) or ErrorCode.INTERNAL,
+                                                                              f"job {job_id}: {job['failed']}")})
         return Reply(200, {"id": job_id, **job["result"]})
 
     async def pull(self, job_id: str, kind: str) -> Reply:
@@ -215,6 +261,9 @@ class SharedJobs:
         if job["state"] != "done":
             return Reply.error(ErrorCode.NOT_READY, "the rewards are not ready yet; pull again", {"Retry-After": "1"}, status=425)
         await asyncio.to_thread(self.store.mark_fetched, job_id)
+        if job.get("failed"):  # every item says why, none is lost
+            n = int(job["extra"].get("prompts", 1))
+            return self.service.pull_answer(Rollouts([None] * n, {i: f"uuid {job_id}: {job['failed']}" for i in range(n)}), kind)
         return self.service.pull_answer(rollouts_of(job["result"]), kind)
 
     async def ping(self) -> Reply:
@@ -235,7 +284,8 @@ class SharedJobs:
                 return await self._rollouts(job)
             return await self._v1(job)
         except Exception as e:  # noqa: BLE001 - a job always ends with a result
-            code = e.code if isinstance(e, (RequestError, Unavailable)) else ("bad_request" if isinstance(e, InputError) else "internal")
+            code = e.code if isinstance(e, (RequestError, Unavailable)) else (
+                ErrorCode.BAD_REQUEST if isinstance(e, InputError) else ErrorCode.INTERNAL)
             if not isinstance(e, (InputError, Unavailable)):
                 log.exception("job %s failed", job.id)
             if job.kind == "cosmos":
@@ -248,7 +298,7 @@ class SharedJobs:
         budget = self.serving.budget
         if need > budget.max_bytes:
             raise RequestError("job", f"it needs up to {need} bytes, more than --max-inflight-mb allows on this replica "
-                               f"({budget.max_bytes})", 413, "too_large")
+                               f"({budget.max_bytes})", 413, ErrorCode.TOO_LARGE)
         while not budget.try_reserve(need):  # this replica is busy: the job waits here, its lease renewed
             await asyncio.sleep(POLL_S)
         try:
@@ -256,18 +306,47 @@ class SharedJobs:
         finally:
             budget.release(need)
 
+    async def _until_served(self, name: str | None = None) -> None:
+        """Wait while ``--swap-mode replace`` loads the default model (or ``name``): an accepted job is scored once it is
+        back, never failed for the swap. Bounded by the drain and a load (then the job fails with the reason)."""
+        registry = getattr(self.serving, "registry", None)
+        deadline = time.monotonic() + self.serving.config.drain_timeout_s + REPLACE_LOAD_S
+
+        def loading() -> bool:
+            if self.serving.model is None:
+                return True
+            return registry is not None and bool(registry.names) and (name or registry.names[0]) in registry.replacing
+
+        while loading() and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+
     async def _rollouts(self, job: Taken) -> dict[str, Any]:
         svc, started = self.service, time.perf_counter()
+        await self._until_served()
         req = await asyncio.to_thread(parse_enqueue, job.body, self.serving.model.limits, has_decoder=svc.decoder is not None,
                                       rules=svc.rules())
         async with self._reserved(len(job.body) + req.decoded_bytes() + svc._frames_bound(req)):
-            return rollouts_json(await svc._score_rollouts(req, started))
+            r = await svc._score_rollouts(req, started)
+        for name, scored in r.models.items():  # scored by a revision a swap put in the place of the one it asked for: say so
+            asked = job.want.get(name)
+            if asked is not None and scored.info.get("model_revision") not in (None, asked):
+                scored.info["accepted_revision"] = asked
+        return rollouts_json(r)
 
     async def _v1(self, job: Taken) -> dict[str, Any]:
         svc = self.service
+        await self._until_served()
         work = await asyncio.to_thread(parse_work, self.serving, job.body, job.content_type, job.kind.partition(":")[2])
+        await self._until_served(work.model)
         async with self._reserved(len(job.body) + work.prepared_bytes):
-            return v1_json(await svc.v1_results(work))
+            out = v1_json(await svc.v1_results(work))
+        model = out.get("model") if isinstance(out.get("model"), dict) else {}
+        asked = job.want.get(model.get("name", ""))
+        if asked is not None and model.get("revision") not in (None, asked):  # a swap put another revision in its place
+            out["accepted_revision"] = asked
+            out["note"] = (f"accepted while model {model.get('name')!r} was at revision {asked}; scored by revision "
+                           f"{model['revision']}, which a model swap put in its place")
+        return out
 
 
 class QueueWorker:
@@ -297,12 +376,15 @@ class QueueWorker:
         room = serving.config.job_workers
         down_since = None
         while not self.stopping.is_set():
-            free = room - len(self.active)
-            if free <= 0 or serving.scheduler.draining:  # type: ignore[union-attr]
+            free, scheduler = room - len(self.active), serving.scheduler
+            if free <= 0 or scheduler is None or scheduler.draining:  # None: --swap-mode replace is loading the default model
                 await asyncio.sleep(POLL_S)
                 continue
             try:
-                taken = await self.shared.call(self.store.take, self.shared.name, free)
+                swaps = self.shared.swaps.pending()
+                taken = await self.shared.call(self.store.take, self.shared.name, free, served=self.shared.revisions(serving=True),
+                                               holds=self.shared.revisions(), links=swaps)
+                self.shared.swaps.recorded(len(swaps))
                 down_since = None
             except Unavailable as e:
                 if down_since is None:
@@ -327,8 +409,12 @@ class QueueWorker:
         every = self.store.lease_s / 3
         while True:
             await asyncio.sleep(every)
-            with contextlib.suppress(Unavailable):
-                await self.shared.call(self.store.renew, list(self.active))
+            try:  # also says this replica is alive, and what it serves
+                await self.shared.call(self.store.renew, list(self.active), self.shared.revisions())
+            except Unavailable:
+                pass  # Redis is down: the take loop says so; the leases are renewed once it is back
+            except Exception:  # noqa: BLE001 - renewing outlives any one failure (a lapse hands the jobs out again)
+                log.exception("job worker: renewing leases failed")
 
     async def _run(self, job: Taken) -> None:
         result = await self.shared.execute(job)
