@@ -58,7 +58,7 @@ docs: $(STAMP)
 test-trainers: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m trainers $(PYTEST_ARGS)
 
-# The transformers version matrix alone: 5.8.1, 5.9.0, 5.10.4 and 5.24.0 on this environment's torch
+# The transformers version matrix alone: 5.8.1, 5.9.0, 5.10.4 and the newest release (5.25.0) on this environment's torch
 # (overlays kept in .venv/matrix/), each held to the release profile's numbers (4.57.6).
 test-versions: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m versions $(PYTEST_ARGS)

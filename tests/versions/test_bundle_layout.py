@@ -2,7 +2,7 @@
 
 - On 4.57.6, nvrm's writer (``nvrm.bundle.assets``) gives the same bytes as 4.57.6's own
   ``save_pretrained`` of the same tokenizer, processor and config.
-- Under transformers 5.24 (an overlay on this torch, ``tests/overlays.py``), a bundle built there is byte
+- Under transformers 5.25 (an overlay on this torch, ``tests/overlays.py``), a bundle built there is byte
   for byte the bundle built here, and loads, verifies and scores here under 4.57.6.
 """
 
@@ -76,11 +76,11 @@ def test_a_bundle_written_under_transformers_5_loads_and_verifies_under_4_57(tmp
     from nvrm import RewardModel
     from nvrm.bundle import verify_bundle
 
-    target = overlay(["transformers==5.24.0"], "transformers-5.24.0")
-    out = tmp_path / "written-by-5.24"
+    target = overlay(["transformers==5.25.0"], "transformers-5.25.0")
+    out = tmp_path / "written-by-5.25"
     code = "import sys, transformers; from nvrm.synth.bundles import build_tiny_bundle; build_tiny_bundle(sys.argv[1]); print(transformers.__version__)"
     proc = subprocess.run([sys.executable, "-c", code, str(out)], env=env_with(target), capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0 and proc.stdout.split()[-1] == "5.24.0", proc.stderr[-3000:]
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "5.25.0", proc.stderr[-3000:]
     names = sorted(p.name for p in tiny_bundle.iterdir())
     _, mismatch, errors = filecmp.cmpfiles(tiny_bundle, out, names, shallow=False)
     assert not mismatch and not errors, (mismatch, errors)

@@ -105,11 +105,12 @@ class Engine:
         """
         from pathlib import Path
 
-        from ..bundle import load_processor, read_config
+        from ..bundle import read_config
+        from .selfcheck import load_checked_processor
 
         path = Path(path)
         return cls(
-            load_processor(path), Contract.for_bundle(path), RopeSpec.from_config(read_config(path)), workers=workers, kind=kind, limits=limits
+            load_checked_processor(path), Contract.for_bundle(path), RopeSpec.from_config(read_config(path)), workers=workers, kind=kind, limits=limits
         )
 
     @property

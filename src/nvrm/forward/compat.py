@@ -24,8 +24,9 @@ import transformers
 VERSION: tuple[int, int, int] = tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:3])  # type: ignore[assignment]
 """The installed transformers, as (major, minor, patch)."""
 
-TESTED_RANGE = ("4.57.6", "5.24.0")
-"""The oldest and newest transformers nvrm is tested on (README, "Supported transformers")."""
+TESTED_RANGE = ("4.57.6", "5.25.0")
+"""The oldest and newest transformers nvrm is tested on (README, "Supported transformers"); newer ones are accepted
+and checked at load (``nvrm.engine.selfcheck``)."""
 
 SHARES_RELEASE_VISION_NUMERICS = VERSION < (5, 9, 0)
 """Whether transformers' own Qwen3-VL vision tower computes 4.57.6's position embeddings (5.9 sums the

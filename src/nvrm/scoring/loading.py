@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from ..bundle import load_backbone, load_head, load_processor, read_config, read_integrity_manifest, resolve_bundle, verify_bundle
+from ..bundle import load_backbone, load_head, read_config, read_integrity_manifest, resolve_bundle, verify_bundle
 from ..contract import Contract
+from ..engine.selfcheck import load_checked_processor
 from ..errors import ConfigError, NvrmError
 from ..forward.model import DTYPES, RewardHead
 from ..forward.cpu_attention import ensure_cpu_sdpa
@@ -127,7 +128,7 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     backbone = load_backbone(path, config, DTYPES[settings.dtype], attn)
     weight, bias = load_head(path, config.text_config.hidden_size)
     head = RewardHead(weight, bias, DTYPES[head_dtype_for(contract, settings.dtype)])
-    processor = load_processor(path)
+    processor = load_checked_processor(path)  # transformers' token ids and pixels on a fixed fixture, as the release profile gave them
     revision = report.revision if report else manifest_revision(path)
     backbone.to(dev)
     head.to(dev)

@@ -88,10 +88,10 @@ def export_model_config(export: Path):
 
 def export_engine(export: Path, config, settings: LoadSettings) -> Engine:
     """nvrm's preprocessing engine over the export's processor, contract and positions (the same files as its source)."""
-    from ..bundle import load_processor
     from ..engine import RopeSpec
+    from ..engine.selfcheck import load_checked_processor
 
-    return Engine(load_processor(export), Contract.for_bundle(export), RopeSpec.from_config(config), workers=settings.workers,
+    return Engine(load_checked_processor(export), Contract.for_bundle(export), RopeSpec.from_config(config), workers=settings.workers,
                   kind=settings.worker_kind, limits=settings.limits)  # type: ignore[arg-type]
 
 
