@@ -27,6 +27,15 @@ class ScoreResult:
     """Bundle revision from its manifest, if recorded."""
     off_contract: tuple[str, ...] = ()
     """Why this reward is not the release contract's (an opt-in such as a short candidate was used); empty when it is."""
+    uncertainty: float | None = None
+    """How far to trust ``reward``, in reward units: the part of it the bundle's guard puts in doubt (higher = less
+    trustworthy; ``nvrm.guard``). None when the bundle has no guard."""
+
+    def conservative(self, weight: float) -> float:
+        """``reward - weight * uncertainty``: the reward to optimise when the policy may game it (needs a guard)."""
+        from .guard.conservative import conservative_reward
+
+        return conservative_reward(self.reward, self.uncertainty, weight)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, times as lists (JSON-ready)."""
@@ -83,6 +92,7 @@ def item_dict(result: "ScoreResult | BaseException") -> dict[str, Any]:
         "context_times": list(result.context_times),
         "candidate_times": list(result.candidate_times),
         **({"off_contract": list(result.off_contract)} if result.off_contract else {}),
+        **({"uncertainty": result.uncertainty} if result.uncertainty is not None else {}),
         **({"backend": result.backend, "cached_tokens": result.cached_tokens} if isinstance(result, VllmScoreResult) else {}),
     }
 
@@ -99,6 +109,7 @@ def result_row(row: Any, index: int, result: "ScoreResult | BaseException", meta
         "contract": meta["contract"],
         "model_revision": meta["model_revision"],
         "off_contract": None,
+        "uncertainty": None,
         "input_key": row.input_key(index) if hasattr(row, "input_key") else None,
     }
     if isinstance(result, BaseException):
@@ -107,4 +118,5 @@ def result_row(row: Any, index: int, result: "ScoreResult | BaseException", meta
         out["reward"] = result.reward
         out["num_tokens"] = result.num_tokens
         out["off_contract"] = "; ".join(getattr(result, "off_contract", ())) or None  # the opt-ins this reward used, if any
+        out["uncertainty"] = getattr(result, "uncertainty", None)
     return out

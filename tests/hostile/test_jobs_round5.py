@@ -126,7 +126,7 @@ def test_a_swap_on_a_real_server_answers_every_redis_job_it_had_accepted(bundles
 
 def test_a_replace_mode_swap_answers_every_redis_job_it_had_accepted(bundles, expected, redis):
     """``--swap-mode replace`` (the old revision drained and freed before the new one loads, 503 meanwhile): the same."""
-    rev_a, rev_b = manifest_sha256(bundles["a"]), manifest_sha256(bundles["retrained"])
+    rev_a = manifest_sha256(bundles["a"])
     own = RewardModel.from_pretrained(bundles["a"], device="cpu")  # its own: the swap frees it
     with InProcessServer(own, job_store=redis.url, allow_dirs=(str(bundles["root"]),), admin_key=KEY, swap_mode="replace",
                          job_workers=1) as s:

@@ -18,5 +18,8 @@ from .verify import (  # noqa: F401
     DigestCache, IntegrityManifest, ManifestEntry, SCORING_FILES, VerifyReport, read_integrity_manifest, scoring_files, sha256_file, verify_bundle,
 )
 from .hub import download_bundle, resolve_bundle  # noqa: F401
-from .load import _canonical_key, _summarise, backbone_files, load_backbone, load_head, load_processor, preprocessing_fingerprint, read_config, template_source  # noqa: F401
+from .load import (  # noqa: F401
+    _canonical_key, _summarise, backbone_files, load_backbone, load_head, load_processor, preprocessing_fingerprint, read_config, template_source,
+    weights_fingerprint,
+)
 from .write import write_backbone, write_manifest  # noqa: F401

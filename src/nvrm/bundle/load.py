@@ -10,7 +10,7 @@ import torch
 
 from ..errors import BundleError
 from .layout import ACCEPTED_ARCHITECTURES, HEAD_FILE, INDEX_FILE
-from .verify import scoring_files
+from .verify import DigestCache, read_integrity_manifest, scoring_files
 
 
 def read_config(bundle: Path):
@@ -223,4 +223,29 @@ def preprocessing_fingerprint(bundle: Path, contract) -> str:
             continue
         h.update(f"\n{name}\n".encode())
         h.update(hashlib.sha256((bundle / name).read_bytes()).digest())
+    return h.hexdigest()
+
+
+WEIGHT_FILES = ("config.json", INDEX_FILE, HEAD_FILE)
+"""Besides the backbone shards, the files that define what the weights compute."""
+
+
+def weights_fingerprint(bundle: str | Path) -> str:
+    """sha256 over the name and sha256 of every file that defines the weights (the backbone shards, the head,
+    ``config.json`` and the shard index): what a guard fitted for these weights records. A file the manifest
+    lists is taken at the manifest's digest (checked on a verified load); any other is hashed (digest cache)."""
+    bundle = Path(bundle)
+    manifest = read_integrity_manifest(bundle)
+    listed = {e.path: e.sha256 for e in manifest.entries} if manifest else {}
+    names = sorted({p.name for p in backbone_files(bundle)} | {n for n in WEIGHT_FILES if (bundle / n).is_file()})
+    cache = None
+    h = hashlib.sha256()
+    for name in names:
+        digest = listed.get(name)
+        if digest is None:
+            cache = cache or DigestCache()
+            digest = cache.digest(bundle / name)
+        h.update(f"{name}\n{digest}\n".encode())
+    if cache is not None:
+        cache.save()
     return h.hexdigest()

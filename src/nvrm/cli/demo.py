@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     context, candidates = write_demo_clips(cache_dir() / "demo-clips-v2")
     names = list(candidates)
     ranking = model.rank(args.prompt, context, [candidates[n] for n in names])
-    rows = [{"candidate": names[e.index], "rank": e.rank, "reward": e.reward} for e in ranking]
+    rows = [{"candidate": names[e.index], "rank": e.rank, "reward": e.reward,
+             **({"uncertainty": e.result.uncertainty} if e.result.uncertainty is not None else {})} for e in ranking]
     if args.json:
         print(json.dumps({"demo_weights": demo, "bundle": str(bundle), "contract": model.fingerprint, "results": rows}))
         return 0
@@ -83,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"context  {context}")
     print(f"prompt   {args.prompt}")
     print(f"contract {model.fingerprint[:12]}")
-    print(f"{'rank':>4}  {'reward':>10}  candidate")
+    guarded = model.guard is not None
+    print(f"{'rank':>4}  {'reward':>10}  {'uncertainty  ' if guarded else ''}candidate")
     for r in rows:
-        print(f"{r['rank']:>4}  {r['reward']:>+10.5f}  {r['candidate']}")
+        u = f"{r['uncertainty']:>11.4f}  " if guarded else ""
+        print(f"{r['rank']:>4}  {r['reward']:>+10.5f}  {u}{r['candidate']}")
+    if guarded:
+        print("uncertainty: the part of each reward the bundle's guard puts in doubt (reward units; nvrm guard show)")
     return 0

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from ..errors import NvrmError
 from . import batch, bench, demo, download, evaluation, export_bundle, prefs, probe, rank, score, serve, show_frames, train, verify_bundle
-from . import refresh
+from . import guard, refresh
 
 # (name, help, add_arguments, run)
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
@@ -27,6 +27,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
     ("rank", "rank candidates for one context (optionally as an HTML report)", rank.add_rank_args, rank.run_rank),
     ("eval", "pairwise accuracy on preference pairs, with a plot", evaluation.add_eval_args, evaluation.run_eval),
     ("probe", "score candidates under a battery of perturbations and flag potential reward hacks", probe.add_args, probe.run),
+    ("guard", "fit or show a bundle's guard: an uncertainty on every reward, and the conservative reward for RL", guard.add_args, None),
     ("serve", "run the reward service (HTTP, dynamic batching)", serve.add_args, serve.run),
     ("train", "fine-tune a reward model on preference pairs (LoRA, Bradley-Terry) and export a bundle", train.add_train_args, train.run_train),
     ("prefs", "preference data: pairs from rollouts, judgments, filtering, the synthetic task, a prepared store", prefs.add_prefs_args, None),

@@ -54,6 +54,7 @@ def run_rank(args: argparse.Namespace) -> int:
                             "reward": r.reward,
                             "p_top": r.p_top,
                             "p_best_over": r.p_best_over,
+                            **({"uncertainty": results[r.index].uncertainty} if results[r.index].uncertainty is not None else {}),
                         }
                         for r in ranked
                     ],
@@ -66,10 +67,12 @@ def run_rank(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    print(f"{'rank':>4}  {'reward':>10}  {'P(top)':>7}  {'P(#1>this)':>10}  candidate")
+    guarded = model.guard is not None
+    print(f"{'rank':>4}  {'reward':>10}  {'P(top)':>7}  {'P(#1>this)':>10}  {'uncertainty  ' if guarded else ''}candidate")
     for r in ranked:
         p = "-" if r.rank == 1 else f"{r.p_best_over:.3f}"
-        print(f"{r.rank:>4}  {r.reward:>+10.5f}  {r.p_top:>7.3f}  {p:>10}  {args.candidates[r.index]}")
+        u = f"{results[r.index].uncertainty:>11.4f}  " if guarded else ""
+        print(f"{r.rank:>4}  {r.reward:>+10.5f}  {r.p_top:>7.3f}  {p:>10}  {u}{args.candidates[r.index]}")
     if args.html:
         print(f"report: {args.html}")
     return 0

@@ -24,5 +24,6 @@ def run_score(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
-        print(f"reward {result.reward:+.6g}  ({result.num_tokens} tokens, contract {result.contract[:12]})")
+        doubt = f"uncertainty {result.uncertainty:.4g}, " if result.uncertainty is not None else ""
+        print(f"reward {result.reward:+.6g}  ({doubt}{result.num_tokens} tokens, contract {result.contract[:12]})")
     return 0

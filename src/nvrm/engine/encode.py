@@ -39,6 +39,8 @@ class Encoded:
     image_grid_thw: torch.Tensor  # [I, 3] int64
     codec: PixelCodec | None = field(default=None, repr=False)
     """How ``pixels`` become pixel values (None: they already are)."""
+    candidate_images: int = 0
+    """How many of the images, the last ones, are the candidate's (the rest are the context's)."""
 
     @property
     def num_tokens(self) -> int:
@@ -135,7 +137,7 @@ def encode_item(
     grids = torch.cat([ctx_grid, cand_grid])
     text = render(processor, prompt, int(ctx_grid.shape[0]), int(cand_grid.shape[0]), contract)
     ids = tokenize(processor, expand_image_tokens(text, grids, processor.image_token, rope.spatial_merge_size))
-    return Encoded(ids, rope.positions(ids, grids), torch.cat([ctx_pixels, cand_pixels]), grids, codec)
+    return Encoded(ids, rope.positions(ids, grids), torch.cat([ctx_pixels, cand_pixels]), grids, codec, int(cand_grid.shape[0]))
 
 
 def encode_group(

@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from .compat import lm_forward
 from .model import RewardHead, image_features, to_device
 from .prefix import Prefix
+from .readout import Tap
 from .vision import checkpointing as vision_checkpointing
 
 
@@ -78,10 +79,12 @@ def suffix_rewards(
     vision=None,
     normalize_hidden: bool = False,
     checkpoint: bool = True,
+    tap: Tap | None = None,
 ) -> torch.Tensor:
     """Rewards [G] of ``enc``'s candidates with autograd on, given each candidate's float32 pixel values
     (``pixel_values[g]``: [N_g, C*T*ps*ps], possibly requiring grad). All candidates must share one
-    total length, and ``prefix.kv`` must hold it (``prefill``)."""
+    total length, and ``prefix.kv`` must hold it (``prefill``). A ``tap`` keeps what the guard reads
+    (candidate g as row g), with its graph."""
     lm = backbone.language_model
     P, G = prefix.length, len(enc.ids)
     lengths = {int(ids.shape[0]) for ids in enc.ids}
@@ -90,7 +93,8 @@ def suffix_rewards(
     L = lengths.pop()
     kv = [(k.clone(), v.clone()) for k, v in prefix.kv[L]]  # out of inference mode: autograd may save them
     with torch.enable_grad(), vision_checkpointing(checkpoint), checkpointed_layers(lm.layers, checkpoint):
-        features, deep = image_features(backbone, vision, torch.cat(list(pixel_values)), torch.cat(list(enc.candidate_grids)), None)
+        owners = [g for g in range(G) for _ in range(int(enc.candidate_grids[g].shape[0]))]
+        features, deep = image_features(backbone, vision, torch.cat(list(pixel_values)), torch.cat(list(enc.candidate_grids)), None, tap, owners)
         ids = to_device(torch.stack([s[P:] for s in enc.ids]), device)  # [G, S]
         positions = to_device(torch.stack([p[:, P:] for p in enc.positions], dim=1), device)  # [3, G, S]
         embeds = lm.embed_tokens(ids)
@@ -109,4 +113,6 @@ def suffix_rewards(
         last = out.last_hidden_state[:, -1]
         if normalize_hidden:
             last = torch.nn.functional.normalize(last.float(), dim=-1)
+        if tap is not None:
+            tap.hidden(range(G), last)
         return head(last).float()

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .pixels import to_pixel_values
+from .readout import Tap, item_owners
 
 PixelCodec = Any
 """The engine's ``PixelCodec`` (only its numbers are read: ``nvrm.forward.pixels``)."""
@@ -110,6 +111,8 @@ class Batch:
     pixels: torch.Tensor  # [N, D] uint8 patches or float32 pixel values
     image_grid_thw: torch.Tensor  # [I, 3], stays on the CPU
     lengths: torch.Tensor  # [B]
+    owners: tuple[int, ...] = ()
+    """Per image: the item whose candidate it belongs to, or -1 for a context image (``readout.item_owners``)."""
 
     def to(self, device: torch.device) -> "Batch":
         """Tensors the model reads on ``device`` (pinned, asynchronous on CUDA); grids stay on the CPU."""
@@ -120,6 +123,7 @@ class Batch:
             to_device(self.pixels, device),
             self.image_grid_thw,
             to_device(self.lengths, device),
+            self.owners,
         )
 
 
@@ -141,25 +145,32 @@ def collate(items: Sequence[Encoded], pad_id: int) -> Batch:
         ids[i, :n] = it.input_ids
         mask[i, :n] = 1
         pos[:, i, :n] = it.positions
-    return Batch(ids, mask, pos, torch.cat([it.pixels for it in items]), torch.cat([it.image_grid_thw for it in items]), lengths)
+    owners = item_owners([int(it.image_grid_thw.shape[0]) for it in items], [getattr(it, "candidate_images", 0) for it in items])
+    return Batch(ids, mask, pos, torch.cat([it.pixels for it in items]), torch.cat([it.image_grid_thw for it in items]), lengths, tuple(owners))
 
 
-def image_features(backbone, vision, pixels: torch.Tensor, grids: torch.Tensor, codec: PixelCodec | None):
+def image_features(backbone, vision, pixels: torch.Tensor, grids: torch.Tensor, codec: PixelCodec | None, tap: Tap | None = None,
+                   owners: Sequence[int] = ()):
     """(merged features [tokens, H], deepstack list) for pixels already on the model's device, through
-    ``vision`` (a ``VisionEncoder``; one is made for ``backbone`` when None)."""
+    ``vision`` (a ``VisionEncoder``; one is made for ``backbone`` when None). A ``tap`` keeps the mean
+    feature of each image ``owners`` gives a candidate row (``nvrm.forward.readout``)."""
     if vision is None:
         from .vision import VisionEncoder
 
         vision = VisionEncoder(backbone.visual, getattr(backbone.visual.config, "_attn_implementation", "sdpa"))
-    return vision(to_pixel_values(pixels, codec), grids)
+    features, deepstack = vision(to_pixel_values(pixels, codec), grids)
+    if tap is not None:
+        tap.images(features, grids, owners)
+    return features, deepstack
 
 
-def embed(backbone, vision, input_ids: torch.Tensor, pixels: torch.Tensor, grids: torch.Tensor, codec: PixelCodec | None):
+def embed(backbone, vision, input_ids: torch.Tensor, pixels: torch.Tensor, grids: torch.Tensor, codec: PixelCodec | None,
+          tap: Tap | None = None, owners: Sequence[int] = ()):
     """(inputs_embeds, image-token mask, deepstack features) for token ids with their images."""
     lm = backbone.language_model
     embeds = lm.embed_tokens(input_ids)
     mask = input_ids == backbone.config.image_token_id
-    features, deepstack = image_features(backbone, vision, pixels, grids, codec)
+    features, deepstack = image_features(backbone, vision, pixels, grids, codec, tap, owners)
     embeds = embeds.masked_scatter(mask.unsqueeze(-1).expand_as(embeds), features.to(embeds.device, embeds.dtype))
     return embeds, mask, deepstack
 
@@ -172,11 +183,13 @@ def forward_rewards(
     vision=None,
     codec: PixelCodec | None = None,
     normalize_hidden: bool = False,
+    tap: Tap | None = None,
 ) -> torch.Tensor:
-    """Raw rewards [B] (head dtype, usually bfloat16) at each item's last real token; ``batch`` on the device."""
+    """Raw rewards [B] (head dtype, usually bfloat16) at each item's last real token; ``batch`` on the device.
+    A ``tap`` keeps what the guard reads (``nvrm.forward.readout``), item i as row i."""
     if is_packed(backbone) and batch.input_ids.shape[0] > 1:
-        return _packed_rewards(backbone, head, batch, vision=vision, codec=codec, normalize_hidden=normalize_hidden)
-    embeds, mask, deepstack = embed(backbone, vision, batch.input_ids, batch.pixels, batch.image_grid_thw, codec)
+        return _packed_rewards(backbone, head, batch, vision=vision, codec=codec, normalize_hidden=normalize_hidden, tap=tap)
+    embeds, mask, deepstack = embed(backbone, vision, batch.input_ids, batch.pixels, batch.image_grid_thw, codec, tap, batch.owners)
     out = backbone.language_model(
         inputs_embeds=embeds,
         attention_mask=batch.attention_mask,
@@ -189,10 +202,12 @@ def forward_rewards(
     last = out.last_hidden_state[rows, batch.lengths - 1]  # [B, H]
     if normalize_hidden:
         last = nn.functional.normalize(last.float(), dim=-1)
+    if tap is not None:
+        tap.hidden(range(len(rows)), last)
     return head(last)
 
 
-def _packed_rewards(backbone, head: RewardHead, batch: Batch, *, vision, codec, normalize_hidden: bool) -> torch.Tensor:
+def _packed_rewards(backbone, head: RewardHead, batch: Batch, *, vision, codec, normalize_hidden: bool, tap: Tap | None = None) -> torch.Tensor:
     """``forward_rewards`` with the batch's items end to end in one row (module docstring)."""
     lengths = batch.lengths.tolist()
     ids = torch.cat([batch.input_ids[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0)  # [1, T]
@@ -202,7 +217,7 @@ def _packed_rewards(backbone, head: RewardHead, batch: Batch, *, vision, codec, 
         ends.append(start + n)
         start += n
     segments = tuple(zip([0, *ends[:-1]], ends))
-    embeds, mask, deepstack = embed(backbone, vision, ids, batch.pixels, batch.image_grid_thw, codec)
+    embeds, mask, deepstack = embed(backbone, vision, ids, batch.pixels, batch.image_grid_thw, codec, tap, batch.owners)
     token = _SEGMENTS.set(segments)
     try:
         out = backbone.language_model(
@@ -218,4 +233,6 @@ def _packed_rewards(backbone, head: RewardHead, batch: Batch, *, vision, codec, 
     last = out.last_hidden_state[0, torch.tensor(ends, device=ids.device) - 1]  # [B, H]
     if normalize_hidden:
         last = nn.functional.normalize(last.float(), dim=-1)
+    if tap is not None:
+        tap.hidden(range(len(lengths)), last)
     return head(last)

@@ -32,6 +32,7 @@ from transformers import DynamicCache
 from .batching import plan_batches
 from .compat import lm_forward
 from .model import RewardHead, embed, image_features, to_device
+from .readout import Tap
 
 GroupEncoded = Any
 """A group from the engine (``nvrm.engine.encode.GroupEncoded``): ids, positions, prefix length, pixels."""
@@ -82,16 +83,18 @@ class Prefix:
 
 @torch.inference_mode()
 def prefill(
-    backbone, head: RewardHead, prefix: Prefix, enc: GroupEncoded, row: int, *, device: torch.device, vision=None, normalize_hidden: bool = False
+    backbone, head: RewardHead, prefix: Prefix, enc: GroupEncoded, row: int, *, device: torch.device, vision=None, normalize_hidden: bool = False,
+    tap: Tap | None = None,
 ) -> float:
     """Candidate ``row`` of ``enc`` whole, as ``score`` runs it: keeps the prefix's KV under its total length
-    in ``prefix`` and returns the candidate's reward."""
+    in ``prefix`` and returns the candidate's reward (a ``tap`` keeps what the guard reads, as row ``row``)."""
     lm = backbone.language_model
     P, ids = prefix.length, enc.ids[row]
     L = int(ids.shape[0])
     pixels = torch.cat([enc.context_pixels, enc.candidate_pixels[row]])
     grid = torch.cat([enc.context_grid, enc.candidate_grids[row]])
-    embeds, mask, deepstack = embed(backbone, vision, to_device(ids.unsqueeze(0), device), to_device(pixels, device), grid, enc.codec)
+    owners = [-1] * int(enc.context_grid.shape[0]) + [row] * int(enc.candidate_grids[row].shape[0])
+    embeds, mask, deepstack = embed(backbone, vision, to_device(ids.unsqueeze(0), device), to_device(pixels, device), grid, enc.codec, tap, owners)
     cache = DynamicCache(config=lm.config)
     out = lm_forward(
         lm,
@@ -107,6 +110,8 @@ def prefill(
     last = out.last_hidden_state[:, -1]
     if normalize_hidden:
         last = torch.nn.functional.normalize(last.float(), dim=-1)
+    if tap is not None:
+        tap.hidden([row], last)
     return float(head(last).float().cpu()[0])
 
 
@@ -138,11 +143,12 @@ def score_suffixes(
     vision=None,
     normalize_hidden: bool = False,
     done: dict[int, float] | None = None,
+    tap: Tap | None = None,
 ) -> list[float]:
     """Rewards of every candidate of ``enc`` against ``prefix``, in candidate order.
 
     ``done`` holds rewards already computed (by ``prefill``); those rows do not run again. Every other
-    row needs ``prefix.kv`` for its total length."""
+    row needs ``prefix.kv`` for its total length. A ``tap`` keeps what the guard reads, candidate g as row g."""
     lm = backbone.language_model
     image_token_id = backbone.config.image_token_id
     P = prefix.length
@@ -156,7 +162,8 @@ def score_suffixes(
 
     # Vision tower: all remaining candidates of this chunk in one call.
     cand_pixels = to_device(torch.cat([enc.candidate_pixels[i] for i in todo]), device)
-    features, deep = image_features(backbone, vision, cand_pixels, torch.cat([enc.candidate_grids[i] for i in todo]), enc.codec)
+    owners = [i for i in todo for _ in range(int(enc.candidate_grids[i].shape[0]))]
+    features, deep = image_features(backbone, vision, cand_pixels, torch.cat([enc.candidate_grids[i] for i in todo]), enc.codec, tap, owners)
     merge = backbone.config.vision_config.spatial_merge_size
     counts = {i: int((enc.candidate_grids[i].prod(-1) // (merge * merge)).sum()) for i in todo}
     offsets: dict[int, int] = {}
@@ -192,6 +199,8 @@ def score_suffixes(
         last = out.last_hidden_state[:, -1]  # every row ends at S - 1: no padding
         if normalize_hidden:
             last = torch.nn.functional.normalize(last.float(), dim=-1)
+        if tap is not None:
+            tap.hidden(rows, last)
         for i, r in zip(rows, head(last).float().cpu().tolist()):
             rewards[i] = float(r)
         del cache, out

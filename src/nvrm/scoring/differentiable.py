@@ -100,12 +100,20 @@ class DifferentiableReward(torch.nn.Module):
     KEEP = 8
     """Contexts (and prefilled prefixes) kept for later calls: a ReFL step cycles through a few."""
 
-    def __init__(self, model, *, checkpointing: bool = True):
+    def __init__(self, model, *, checkpointing: bool = True, conservative: float | None = None):
         super().__init__()
         if model.engine.codec is None:
             raise ConfigError("the differentiable reward needs the exact pixel codec, and this bundle's processor has none (see the load log)")
+        from ..guard.conservative import check_conservative
+
         self.model = model
         self.checkpointing = checkpointing
+        self.conservative = check_conservative(conservative, getattr(model, "guard", None), "differentiable(conservative=...)")
+        """λ: the call returns ``reward - λ * uncertainty`` (None: the raw reward)."""
+        self.raw: torch.Tensor | None = None
+        """The last call's raw rewards [B] (with their graph)."""
+        self.uncertainty: torch.Tensor | None = None
+        """The last call's uncertainties [B] (with their graph), when the bundle has a guard; else None."""
         self._contexts: OrderedDict[Any, tuple[Any, PreparedVideo]] = OrderedDict()
         """Prepared contexts by key (a path's text, else the object's identity), the last few kept."""
         self._prefixes: OrderedDict[tuple, Prefix] = OrderedDict()
@@ -176,7 +184,7 @@ class DifferentiableReward(torch.nn.Module):
             log.warning("differentiable reward: %s (off the release contract; see .off_contract)", reason)
         enc = model.engine.encode_group(prompt, context_video, prepared)
         codec, device = model.engine.codec, model.runtime.device
-        pixel_values = []
+        pixel_values, patch_levels = [], []
         for b, video in enumerate(prepared):
             size = (video.images[0].height, video.images[0].width)  # one source size: one contract size
             exact = torch.from_numpy(np.stack([np.asarray(im) for im in video.images])).to(device=device, dtype=torch.float32)
@@ -186,12 +194,17 @@ class DifferentiableReward(torch.nn.Module):
             if not torch.equal(patches.detach().to(torch.uint8).cpu(), enc.candidate_pixels[b]):  # pragma: no cover - a layout bug
                 raise RuntimeError("the differentiable patches differ from the engine's")
             pixel_values.append(levels_to_pixel_values(patches, codec))
-        return self.rewards_of(enc, pixel_values)
+            patch_levels.append(patches)
+        return self.rewards_of(enc, pixel_values, patch_levels)
 
-    def rewards_of(self, enc: Any, pixel_values: list[torch.Tensor]) -> torch.Tensor:
+    def rewards_of(self, enc: Any, pixel_values: list[torch.Tensor], patches: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Rewards [G] of an engine-encoded group whose candidates' pixel values are ``pixel_values`` (the
-        differentiable part: pixel values -> reward). The prefix is prefilled once, without gradient."""
+        differentiable part: pixel values -> reward), conservative ones when asked. The prefix is prefilled once,
+        without gradient. ``patches``: the candidates' 0..255 patches with their graph, which the guard's frame
+        statistics read (default: the engine's, without gradient)."""
         model, runtime = self.model, self.model.runtime
+        guard = getattr(model, "guard", None)
+        tap = runtime.tap() if guard is not None else None
         model.limits.check_sequence_tokens(max(int(s.shape[0]) for s in enc.ids))
         prefix = self._prefix_of(enc)
         kw = {"device": runtime.device, "vision": runtime.vision, "normalize_hidden": runtime.normalize_hidden}
@@ -203,7 +216,8 @@ class DifferentiableReward(torch.nn.Module):
         out: list[Any] = [None] * len(enc.ids)
         for rows in by_length.values():
             part = suffix_rewards(
-                runtime.backbone, runtime.head, prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing, **kw
+                runtime.backbone, runtime.head, prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing,
+                tap=tap.view(rows) if tap is not None else None, **kw
             )
             for g, r in zip(rows, part):
                 out[g] = r
@@ -213,4 +227,14 @@ class DifferentiableReward(torch.nn.Module):
             from ..errors import ModelError
 
             raise ModelError(f"candidate(s) {bad}: the model returned a non-finite reward; its weights are broken (check the bundle with nvrm verify)")
-        return rewards
+        self.raw, self.uncertainty = rewards, None
+        if tap is None:
+            return rewards
+        from ..guard.reading import read
+
+        G = len(enc.ids)
+        cands = [(patches[g] if patches is not None else enc.candidate_pixels[g], enc.candidate_grids[g]) for g in range(G)]
+        reading = read([tap.frames[g] for g in range(G)], [tap.last[g] for g in range(G)], rewards, cands,
+                       [(enc.context_pixels, enc.context_grid)] * G, model.engine.codec.patch_size)
+        self.uncertainty = guard.uncertainty(reading)
+        return rewards if self.conservative is None else rewards - self.conservative * self.uncertainty

@@ -135,7 +135,12 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     if settings.compile:
         mode = settings.compile if isinstance(settings.compile, str) else None
         backbone.language_model.compile(dynamic=True, mode=mode)
+    from ..bundle import preprocessing_fingerprint
+    from ..guard.sidecar import read_bundle_guard
+
+    guard = read_bundle_guard(path, preprocessing_fingerprint(path, contract), dev)
     return {
+        "guard": guard,
         "backbone": backbone,
         "head": head,
         "processor": processor,

@@ -12,23 +12,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from ..contract import Contract
-from ..engine import Engine, PreparedGroup, PreparedItem, RopeSpec
-from ..errors import NvrmError
+from ..engine import Engine, PreparedItem, RopeSpec
 from ..forward.model import RewardHead
-from ..forward.prefix import Prefix
 from ..forward.runtime import ForwardRuntime
+from ..guard.trust import Guard
 from ..video.inputs import PreparedVideo, VideoInput
 from .items import Errors, GroupLike, ItemLike, RankEntry, ScoreItem, bt_probability, rank_rewards  # noqa: F401 - part of this module's API
 from ..limits import Limits
 from .loading import default_batch_tokens, default_device, load_parts, resolve_settings  # noqa: F401 - default_device is API
-from ..results import ScoreResult
 from ..settings import LoadSettings
-from .streaming import Pipeline, ResultMaker, off_contract_reasons, score_chunk, score_prepared_each, stream_batch, stream_groups  # noqa: F401 - off_contract_reasons is API
+from .streaming import Pipeline, ResultMaker, off_contract_reasons  # noqa: F401 - off_contract_reasons is API
+from .verbs import Scoring
 
 if TYPE_CHECKING:
     from .differentiable import DifferentiableReward
@@ -50,7 +49,7 @@ def load_backend(backend: str, path_or_repo: Any, settings: LoadSettings, contra
 Prepared = PreparedItem  # the name earlier releases exported
 
 
-class RewardModel:
+class RewardModel(Scoring):
     """A loaded WORL-NVRM bundle: backbone, reward head, the preprocessing engine and the contract."""
 
     def __init__(
@@ -65,6 +64,7 @@ class RewardModel:
         path: Path | None = None,
         settings: LoadSettings | None = None,
         engine: Engine | None = None,
+        guard: Guard | None = None,
     ):
         from ..bundle import preprocessing_fingerprint
 
@@ -97,8 +97,22 @@ class RewardModel:
         """Fingerprint of the preprocessing: the contract plus the bundle's processor, tokenizer and
         template files. Every result records it (``ScoreResult.contract``); rewards are comparable
         only when it agrees."""
-        self.pipeline = Pipeline(self.engine, self.runtime, ResultMaker(self.fingerprint, revision, contract), self.settings)
+        self.pipeline = Pipeline(self.engine, self.runtime, ResultMaker(self.fingerprint, revision, contract), self.settings, guard)
         """What every scoring path runs on (``nvrm.scoring.streaming``)."""
+
+    @property
+    def guard(self) -> Guard | None:
+        """The bundle's guard (``nvrm_guard.safetensors``): every result then carries an ``uncertainty``; None without one."""
+        return self.pipeline.guard
+
+    @guard.setter
+    def guard(self, value: Guard | None) -> None:
+        """Use another guard (or none) from now on; one fitted for other weights or preprocessing is refused."""
+        import dataclasses
+
+        from ..guard.sidecar import guard_for
+
+        self.pipeline = dataclasses.replace(self.pipeline, guard=guard_for(value, self.path, self.fingerprint, self.device))
 
     @property
     def revision(self) -> str | None:
@@ -174,10 +188,6 @@ class RewardModel:
 
     # ------------------------------------------------------------ preprocessing
 
-    def prepare(self, prompt: str, context: VideoInput, candidate: VideoInput) -> PreparedItem:
-        """Apply the contract to one item: sample, transform and encode its frames (blocking)."""
-        return self.engine.prepare_item(prompt, context, candidate)
-
     def prepare_video(self, value: VideoInput, role: str) -> PreparedVideo:
         """The contract for one context or candidate: the exact frames the model sees."""
         return self.engine.prepare(value, role)
@@ -188,104 +198,11 @@ class RewardModel:
         """Raw rewards [B] of engine-encoded items as one batch, no gradient mode set (the trainer's path; ``head``: its own)."""
         return self.runtime.rewards(encoded, head)
 
-    def differentiable(self, *, checkpointing: bool = True) -> "DifferentiableReward":
-        """A ``torch.nn.Module`` whose rewards backpropagate to candidate pixels, equal to ``score``'s (``nvrm.scoring.differentiable``)."""
+    def differentiable(self, *, checkpointing: bool = True, conservative: float | None = None) -> "DifferentiableReward":
+        """A ``torch.nn.Module`` whose rewards backpropagate to candidate pixels, equal to ``score``'s (``nvrm.scoring.differentiable``);
+        with ``conservative=λ``, ``reward - λ * uncertainty`` (needs a guard)."""
         from .differentiable import DifferentiableReward
-        return DifferentiableReward(self, checkpointing=checkpointing)
-
-    def score_prepared(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult]:
-        """Score prepared items in token-budgeted batches (or one by one with ``exact``); input order."""
-        return self.pipeline.score_prepared(prepared, exact=exact)
-
-    def score_prepared_each(self, prepared: Sequence[PreparedItem], *, exact: bool | None = None) -> list[ScoreResult | NvrmError]:
-        """``score_prepared`` that never fails as a whole: a batch that fails unexpectedly is retried item by
-        item, and what still fails is an error in its slot."""
-        return score_prepared_each(self.pipeline, prepared, exact=exact)
-
-    # ------------------------------------------------------------ scoring
-
-    def score(self, prompt: str, context: VideoInput, candidate: VideoInput) -> ScoreResult:
-        """Reward for one (prompt, context, candidate)."""
-        prepared = self.prepare(prompt, context, candidate)
-        self.limits.check_sequence_tokens(prepared.encoded.num_tokens)
-        result = self.score_prepared([prepared], exact=True)[0]
-        if isinstance(result, NvrmError):  # a non-finite reward: never returned as a result
-            raise result
-        return result
-
-    def score_batch(self, items: Iterable[ItemLike], *, errors: Errors = "raise", exact: bool | None = None) -> list[ScoreResult | NvrmError]:
-        """Rewards for many items, batched by token budget; results in input order.
-
-        Args:
-            items: ``ScoreItem``s, ``(prompt, context, candidate)`` triples or dicts with those keys.
-            errors: ``"return"`` puts a bad item's error in its slot and scores the rest;
-                ``"raise"`` raises the first bad item's error.
-            exact: score every item alone: bit-identical to ``score`` (on the CPU, packed batches are too).
-
-        Returns:
-            One ``ScoreResult`` (or, with ``errors="return"``, ``NvrmError``) per item.
-        """
-        return stream_batch(self.pipeline, items, errors=errors, exact=exact)
-
-    def score_group(
-        self, prompt: str, context: VideoInput, candidates: Sequence[VideoInput], *, errors: Errors = "raise", exact: bool | None = None
-    ) -> list[ScoreResult | NvrmError]:
-        """Rewards for G candidates sharing one prompt and context (GRPO groups).
-
-        The context is preprocessed and encoded by the vision tower once; one candidate of each
-        length runs whole, keeping the prefix's KV, and the others run only their own tokens
-        against it (chunks of ``group_chunk`` candidates for big groups, the prefix reused across
-        chunks). On the CPU this equals ``score`` bit for bit (README, "Fidelity"); ``exact=True``
-        scores each candidate alone instead. A bad context raises; a bad candidate raises or, with
-        ``errors="return"``, yields its error in its slot.
-        """
-        [out] = list(stream_groups(self.pipeline, [(prompt, context, candidates)], errors=errors, exact=exact, lookahead=0, context_raises=True))
-        return out
-
-    def score_groups(
-        self, groups: Iterable[GroupLike], *, errors: Errors = "return", exact: bool | None = None, lookahead: int | None = None
-    ) -> Iterator[list[ScoreResult | NvrmError]]:
-        """Score a stream of groups, preparing the next ones while the current one is on the model.
-
-        Args:
-            groups: ``(prompt, context, candidates)`` tuples (or dicts), consumed lazily.
-            errors: ``"return"`` (default) puts errors in their slots (a bad
-                context fills every slot of its group); ``"raise"`` raises the first.
-            exact: score every candidate alone (see ``score_group``).
-            lookahead: groups prepared ahead of the one being scored (default: the ``lookahead`` setting).
-
-        Yields:
-            One list per group, in order, one ``ScoreResult`` or ``NvrmError`` per candidate.
-        """
-        return stream_groups(self.pipeline, groups, errors=errors, exact=exact, lookahead=lookahead)
-
-    def score_prepared_group(self, group: PreparedGroup, *, exact: bool | None = None) -> list[ScoreResult | NvrmError]:
-        """Results for a group the engine prepared: one per candidate slot, errors in their slots."""
-        results, _ = self.score_chunk(group, None, self.settings.exact if exact is None else exact)
-        return results
-
-    def score_prepared_group_reusing(self, group: PreparedGroup, prefix: Prefix | None) -> tuple[list[ScoreResult | NvrmError], Prefix | None]:
-        """Like :meth:`score_prepared_group` (not exact), reusing ``prefix`` when it is this group's.
-
-        Returns the results and the prefix that was used (``prefix`` itself, extended, or a new one;
-        None when no candidate could run), so a caller can keep it for later candidates of the same
-        prompt and context."""
-        return self.score_chunk(group, prefix, False)
-
-    def score_chunk(self, group: PreparedGroup, prefix: Prefix | None, exact: bool) -> tuple[list[ScoreResult | NvrmError], Prefix | None]:
-        """Score the good candidates of a prepared group (reusing ``prefix`` when it matches): the results
-        in candidate order and the prefix used (``nvrm.scoring.streaming.score_chunk``)."""
-        return score_chunk(self.pipeline, group, prefix, exact)
-
-    def compare(self, prompt: str, context: VideoInput, a: VideoInput, b: VideoInput) -> float:
-        """P(a preferred over b) under the Bradley-Terry model: sigmoid(r_a - r_b)."""
-        ra, rb = self.score_group(prompt, context, [a, b])
-        return bt_probability(ra.reward, rb.reward)  # type: ignore[union-attr]
-
-    def rank(self, prompt: str, context: VideoInput, candidates: Sequence[VideoInput]) -> list[RankEntry]:
-        """Candidates sorted best first (ties keep input order), each with its result and Bradley-Terry probabilities."""
-        results = self.score_group(prompt, context, candidates)
-        return rank_rewards([r.reward for r in results], results)  # type: ignore[union-attr,arg-type]
+        return DifferentiableReward(self, checkpointing=checkpointing, conservative=conservative)
 
     def info(self) -> dict[str, Any]:
         """What is loaded and how it runs (path, revision, device, dtype, contract, engine)."""

@@ -28,7 +28,10 @@ from ..engine import Engine, PreparedGroup, PreparedItem
 from ..engine.workers import unexpected
 from ..errors import InternalError, ModelError, NvrmError
 from ..forward.prefix import Prefix
+from ..forward.readout import Tap
 from ..forward.runtime import ForwardRuntime
+from ..guard.trust import Guard
+from ..guard.reading import read
 from ..results import ScoreResult
 from ..settings import LoadSettings
 from ..video.inputs import PreparedVideo
@@ -44,7 +47,9 @@ class ResultMaker:
     revision: str | None
     contract: Contract
 
-    def __call__(self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float) -> "ScoreResult | ModelError":
+    def __call__(
+        self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float, uncertainty: float | None = None
+    ) -> "ScoreResult | ModelError":
         """The result, or a ``ModelError`` in its place when the reward is not a finite number (never passed on)."""
         if not math.isfinite(reward):
             return ModelError(
@@ -59,6 +64,7 @@ class ResultMaker:
             contract=self.fingerprint,
             model_revision=self.revision,
             off_contract=off_contract_reasons(context, candidate, self.contract),
+            uncertainty=uncertainty if uncertainty is None or math.isfinite(uncertainty) else None,
         )
 
 
@@ -84,6 +90,8 @@ class Pipeline:
     runtime: ForwardRuntime
     results: ResultMaker
     settings: LoadSettings
+    guard: Guard | None = None
+    """The bundle's guard: every result then carries an uncertainty, read from its own forward (``nvrm.guard``)."""
 
     @property
     def limits(self):
@@ -93,8 +101,29 @@ class Pipeline:
         """Prepared items in token-budgeted batches (or one by one with ``exact``); input order. A
         non-finite reward is a ``ModelError`` in its slot."""
         exact = self.settings.exact if exact is None else exact
-        rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact)
-        return [self.results(p.context, p.candidate, p.encoded.num_tokens, r) for p, r in zip(prepared, rewards)]
+        tap = self.runtime.tap() if self.guard is not None else None
+        rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact, **({"tap": tap} if tap is not None else {}))
+        doubts = self.uncertainties(tap, rewards, [(p.candidate, p.context) for p in prepared])
+        return [self.results(p.context, p.candidate, p.encoded.num_tokens, r, u) for p, r, u in zip(prepared, rewards, doubts)]
+
+    def uncertainties(self, tap: Tap | None, rewards: Sequence[Any], videos: Sequence[tuple[Any, Any]]) -> list[float | None]:
+        """The guard's uncertainty of each row a ``tap`` saw (``videos[i]``: row i's (candidate, context), each with
+        ``pixels`` and ``grid``); Nones without a guard, or for a row whose reward is not a number."""
+        if tap is None or self.guard is None or not videos:
+            return [None] * len(videos)
+        rows = [i for i, r in enumerate(rewards) if isinstance(r, float) and math.isfinite(r) and i in tap.last and i in tap.frames]
+        out: list[float | None] = [None] * len(videos)
+        if rows:
+            import torch
+
+            reading = read(
+                [tap.frames[i] for i in rows], [tap.last[i] for i in rows], torch.tensor([rewards[i] for i in rows]),
+                [(videos[i][0].pixels, videos[i][0].grid) for i in rows], [(videos[i][1].pixels, videos[i][1].grid) for i in rows],
+                self.engine.codec.patch_size if self.engine.codec is not None else 16,
+            )
+            for i, u in zip(rows, self.guard.uncertainty(reading).cpu().tolist()):
+                out[i] = float(u)
+        return out
 
 
 class PendingGroup:
@@ -299,16 +328,19 @@ def score_chunk(pipe: Pipeline, group: PreparedGroup, prefix: Prefix | None, exa
         return out, prefix
     enc = group.encoded if len(rows) == len(group.good) else group.encoded.select(rows)
     slots = [group.good[r] for r in rows]
+    tap = pipe.runtime.tap() if pipe.guard is not None else None
     try:
+        guarded = {"tap": tap} if tap is not None else {}
         if exact:  # each candidate alone, as the engine encodes a single item: bit-identical to score
-            rewards: list[Any] = pipe.runtime.batched(pipe.engine.items_of(group, slots), exact=True)
+            rewards: list[Any] = pipe.runtime.batched(pipe.engine.items_of(group, slots), exact=True, **guarded)
         else:
-            rewards, prefix = pipe.runtime.group(enc, prefix)
+            rewards, prefix = pipe.runtime.group(enc, prefix, **guarded)
     except NvrmError as e:
         rewards = [e] * len(slots)
+    doubts = pipe.uncertainties(tap, rewards, [(group.candidates[j], group.context) for j in slots])
     for row, (j, reward) in enumerate(zip(slots, rewards)):
         if isinstance(reward, NvrmError):
             out[j] = reward
         else:
-            out[j] = pipe.results(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward)
+            out[j] = pipe.results(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward, doubts[row])
     return out, prefix

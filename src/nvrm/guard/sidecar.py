@@ -1,0 +1,78 @@
+"""The guard beside a bundle's files: ``nvrm_guard.safetensors``, listed in the bundle's manifest.
+
+The release's own files are never touched: writing a guard adds one file and one manifest entry (its
+sha256 and size), so a verified load checks the guard like every other scoring file, and a bundle
+without a guard loads exactly as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..bundle.layout import MANIFEST_NAMES
+from ..bundle.load import weights_fingerprint
+from ..bundle.verify import sha256_file
+from ..errors import BundleError
+from .trust import GUARD_FILE, Guard, load_guard
+
+
+def read_bundle_guard(bundle: str | Path, preprocessing: str, device: Any = "cpu") -> Guard | None:
+    """The bundle's guard, checked against its weights and ``preprocessing`` fingerprints; None when it has none."""
+    path = Path(bundle) / GUARD_FILE
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise BundleError(f"{path}: not a regular file; remove it, or fit a guard again with nvrm guard fit")
+    return load_guard(path, model=weights_fingerprint(bundle), preprocessing=preprocessing, device=device)
+
+
+def write_bundle_guard(bundle: str | Path, guard: Guard) -> Path:
+    """Write ``guard`` into ``bundle`` (replacing one there) and list it in the bundle's manifest, when it has one."""
+    bundle = Path(bundle)
+    target = bundle / GUARD_FILE
+    tmp = bundle / f".{GUARD_FILE}.{os.getpid()}.tmp"
+    guard.save(tmp)
+    os.replace(tmp, target)
+    for name in MANIFEST_NAMES:
+        manifest = bundle / name
+        if manifest.is_file():
+            _list_in_manifest(manifest, target)
+            break
+    return target
+
+
+def _list_in_manifest(manifest: Path, file: Path) -> None:
+    """Add (or update) ``file``'s entry in a manifest of either form, keeping every other entry and field."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{manifest}: not valid JSON ({e}); the guard was written but is not listed") from e
+    entry = {"sha256": sha256_file(file), "size": file.stat().st_size}
+    files = data.get("files") if isinstance(data, dict) else None
+    if isinstance(files, dict):
+        files[file.name] = entry
+    elif isinstance(files, list):
+        data["files"] = [f for f in files if not (isinstance(f, dict) and f.get("path") == file.name)] + [{"path": file.name, **entry}]
+    else:
+        raise BundleError(f"{manifest}: has no 'files' object or list; the guard was written but is not listed")
+    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, manifest)
+
+
+def guard_for(guard: Guard | None, bundle: str | Path | None, preprocessing: str, device: Any) -> Guard | None:
+    """``guard`` on ``device`` if it was fitted for ``bundle``'s weights and this ``preprocessing`` (one line naming both
+    fingerprints otherwise); None stays None. A model not loaded from a folder takes any guard."""
+    if guard is None:
+        return None
+    if bundle is not None:
+        weights = weights_fingerprint(bundle)
+        if guard.model != weights or guard.preprocessing != preprocessing:
+            raise BundleError(
+                f"this guard was fitted for weights {guard.model[:16] or '?'} under preprocessing {guard.preprocessing[:16] or '?'}; "
+                f"the model is {weights[:16]} under {preprocessing[:16]} (fit one for it with nvrm guard fit)"
+            )
+    return guard.to(device)
