@@ -97,6 +97,10 @@ class ServeConfig:
         default=-1, metadata=_help("processes decoding --latent-decoder's latents side by side on the CPU, one thread each (-1: one per "
                                    "torch thread, at most 4; 0: on a thread of the server's own process); a GPU decodes in process")
     )
+    decode_timeout_s: float = field(
+        default=30.0, metadata=_help("seconds a decode worker may send nothing (it reports twice a second while it decodes) before it is "
+                                     "taken for hung: killed, started again and given its batch once more")
+    )
     context_frames: int = field(
         default=1, metadata=_help("leading frames of a cosmos-rl rollout that are its context (the conditioning frames; 0: text-to-world)")
     )
@@ -163,6 +167,7 @@ class ServeConfig:
             "job_attempts": self.job_attempts >= 1,
             "context_frames": self.context_frames >= 0,
             "decode_workers": self.decode_workers >= -1,
+            "decode_timeout_s": self.decode_timeout_s >= 2,
             "cosmos_fallback_score": True,
             "record_mb": self.record_mb > 0,
             "watch_interval_s": self.watch_interval_s > 0,

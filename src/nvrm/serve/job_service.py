@@ -67,7 +67,7 @@ class JobService:
                 from .decode_workers import auto_workers, start_workers
 
                 n = self.serving.config.decode_workers
-                workers = start_workers(path, auto_workers(torch.get_num_threads()) if n < 0 else n)
+                workers = start_workers(path, auto_workers(torch.get_num_threads()) if n < 0 else n, self.serving.config.decode_timeout_s)
                 self.decoder.release()  # the workers hold the VAE; this process keeps what admission reads
             self.decodes = DecodeQueue(self.decoder, workers=workers)
         if self.shared is not None:

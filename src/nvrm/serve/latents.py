@@ -292,13 +292,15 @@ class DecodeQueue:
         return p.future
 
     def close(self, timeout: float = 5.0, workers: bool = True) -> None:
-        """Decode what is queued, then stop the threads and (unless ``workers`` is false) the worker processes."""
+        """Decode what is queued, then stop the threads and (unless ``workers`` is false) the worker processes, within
+        about ``timeout`` in all: a worker still decoding then (or hung) is killed, never waited for."""
+        end = time.monotonic() + timeout
         self._queue.put(_STOP)
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, end - time.monotonic()))
         for w in self.workers if workers else ():
             if w is not self.decoder and hasattr(w, "close"):
-                w.close()
+                w.close(max(0.5, end - time.monotonic()))
 
     def _take(self, timeout: float | None) -> Any:
         return self._queue.get(timeout=timeout) if timeout is None or timeout > 0 else self._queue.get_nowait()

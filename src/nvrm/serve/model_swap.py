@@ -23,6 +23,9 @@ import json
 import logging
 import math
 import os
+import queue
+import stat
+import threading
 from typing import Any, Callable
 
 from fastapi import APIRouter, Request
@@ -125,12 +128,44 @@ def default_loader(serving: MultiServing, name: str) -> Callable[[str], Any]:
     return lambda path: RewardModel.from_pretrained(path, settings=running.settings, backend=backend, vllm_url=url)
 
 
+MAX_BUNDLE_FILES = 10_000
+"""The most entries a swapped bundle's folder may hold (a release bundle holds a few dozen)."""
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """Why the bundle folder ``path`` cannot be read safely, in one line: an entry (in it or its sub-folders, links
+    followed) that is neither a regular file nor a folder, which opening or reading could block forever (a FIFO
+    named ``*.safetensors``), or more than ``MAX_BUNDLE_FILES`` entries; None when every file is regular. Nothing
+    is opened."""
+    seen = 0
+    for top, dirs, files in os.walk(path):
+        for name in files:
+            seen += 1
+            if seen > MAX_BUNDLE_FILES:
+                return f"{path} holds more than {MAX_BUNDLE_FILES} files; a bundle holds a few dozen"
+            full = os.path.join(top, name)
+            try:
+                mode = os.stat(full).st_mode
+            except OSError:  # a dangling link: nothing to block on (verification names it if the manifest lists it)
+                continue
+            kind = next((what for test, what in _SPECIAL if test(mode)), None)
+            if kind is not None:
+                return (f"{path}: {os.path.relpath(full, path)} is {kind}, not a regular file; a swap reads only regular files "
+                        "(reading it could block forever)")
+        seen += len(dirs)
+    return None
+
+
 def verified(path: str) -> None:
-    """``RequestError`` unless ``path`` is a bundle with a manifest that verifies (runs in a thread)."""
+    """``RequestError`` unless ``path`` is a bundle with a manifest that verifies (runs in a thread); a folder holding
+    anything but regular files (``special_file``) is refused before any of its files is opened."""
     from ..bundle.verify import verify_bundle
 
     from .models import manifest_sha256
 
+    if (why := special_file(path)) is not None:
+        raise RequestError("request.path", why)
     if manifest_sha256(path) is None:
         raise RequestError("request.path", f"{path} has no RELEASE_MANIFEST.json or worl-bundle.json; a swap loads only verified bundles")
     try:
@@ -215,22 +250,75 @@ def _replace(serving: MultiServing, name: str, path: str):
     return model, note
 
 
+class _SwapThread:
+    """The one daemon thread that runs the swaps' blocking steps (verify, load, warm up), each in turn: a hung file
+    read there never holds the server's exit (``asyncio.to_thread``'s pool is joined when the process ends), and every
+    load allocates from the same malloc arena (a thread per step spread the loads' freed fragments over all arenas)."""
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` after those submitted before it."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="nvrm-swap", daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _loop(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+_SWAP_THREAD = _SwapThread()
+
+
+async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the swaps' daemon thread (``_SwapThread``), awaited."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if done.done():
+            return
+        if ok:
+            done.set_result(value)
+        else:
+            done.set_exception(value)
+
+    def run() -> None:
+        try:
+            out: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            out = (False, e)
+        try:
+            loop.call_soon_threadsafe(settle, *out)
+        except RuntimeError:  # the loop has closed: nobody awaits it any more
+            pass
+
+    _SWAP_THREAD.submit(run)
+    return await done
+
+
 async def swap(serving: MultiServing, name: str, path: str) -> Reply:
     """Load ``path`` beside the model serving ``name`` and switch to it; 409 while another swap runs."""
     if not serving.registry.swapping.acquire(blocking=False):
         return Reply.error(ErrorCode.SWAP_IN_PROGRESS, "another model swap is running; retry once it has finished")
     try:
         old = serving.registry.current(name)
-        await asyncio.to_thread(verified, path)
-        short = await asyncio.to_thread(memory_shortfall, serving, name, path)
+        await in_daemon_thread(verified, path)
+        short = await in_daemon_thread(memory_shortfall, serving, name, path)
         replace = serving.config.swap_mode == "replace"
         if short is not None and not replace:
             return Reply.error(ErrorCode.TOO_LARGE, short, status=507)
         note = None
         if replace:
-            model, note = await asyncio.to_thread(_replace, serving, name, path)
+            model, note = await in_daemon_thread(_replace, serving, name, path)
         else:
-            model = await asyncio.to_thread(lambda: load_checked(serving, name, path, verify=False))
+            model = await in_daemon_thread(lambda: load_checked(serving, name, path, verify=False))
         new = serving.entry_for(name, model)
         serving.registry.add(new)
         if name == serving.names[0]:

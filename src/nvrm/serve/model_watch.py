@@ -8,12 +8,24 @@
 half written has no manifest under DIR's visible names and is never picked. A bundle that fails (its
 verification, its contract, its warm-up) is logged once and not loaded; what is served stays. It is
 tried again only once its files change (a copy that was still running when it was first seen).
+
+"Newest" is an order written inside the exports, which file-system housekeeping (a ``chmod``, an ``rsync``,
+a file removed from an old export) cannot change, where modification and change times can (issue 54):
+``export_order``, the time ``nvrm train`` recorded in the bundle's training record (``nvrm_training.json``'s
+``exported_at``; ``nvrm refresh`` exports its training's bundle, so it carries that time too), then the folder's
+name in natural order (``step-900`` before ``step-1000``), which alone orders bundles that record no export time
+(those rank below every bundle that records one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import re
+import stat
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +42,8 @@ def _has_manifest(folder: Path) -> bool:
 
 
 def bundle_in(folder: str | Path) -> Path | None:
-    """The bundle ``folder`` holds now: itself if it has a manifest, else its newest sub-folder with one
-    (hidden names, such as an export's temporary folder, are skipped); None when there is none yet."""
+    """The bundle ``folder`` holds now: itself if it has a manifest, else its newest sub-folder with one by
+    ``export_order`` (hidden names, such as an export's temporary folder, are skipped); None when there is none yet."""
     folder = Path(folder)
     if _has_manifest(folder):
         return folder
@@ -39,13 +51,40 @@ def bundle_in(folder: str | Path) -> Path | None:
         subs = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and _has_manifest(p)]
     except OSError:  # not there yet (nvrm train has not exported), or being replaced
         return None
-    return max(subs, key=_landed, default=None)
+    return max(subs, key=export_order, default=None)
 
 
-def _landed(folder: Path) -> int:
-    """When a folder last changed or was renamed into place (a copy keeps its source's mtime; a rename sets ctime)."""
-    s = folder.stat()
-    return max(s.st_mtime_ns, s.st_ctime_ns)
+TRAINING_RECORD = "nvrm_training.json"
+"""The training record ``nvrm train`` writes into its export (``nvrm.train.export``), with its ``exported_at``."""
+MAX_RECORD_BYTES = 4 << 20
+"""The most of a training record read for its export time (a larger one counts as recording none)."""
+
+
+def exported_at(bundle: Path) -> float | None:
+    """The export time (seconds since the epoch) the bundle's training record holds; None when it records none
+    (no record, not a regular file, too large, not JSON, no or a malformed ``exported_at``)."""
+    path = bundle / TRAINING_RECORD
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the poll: only regular files are opened
+            return None
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+        when = json.loads(raw).get("exported_at") if len(raw) <= MAX_RECORD_BYTES else None
+        return datetime.fromisoformat(when).timestamp() if isinstance(when, str) else None
+    except (OSError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def _natural(name: str) -> tuple:
+    """``name`` ordered with its digit runs as numbers (``step-900`` before ``step-1000``)."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
+
+
+def export_order(bundle: Path) -> tuple:
+    """The key ``bundle_in`` takes the greatest of: (whether the bundle records an export time, that time, its
+    folder name in natural order). Read from inside the bundle and its name only, never from file times."""
+    when = exported_at(bundle)
+    return (when is not None, when or 0.0, _natural(bundle.name))
 
 
 def files_state(folder: Path) -> tuple:

@@ -26,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections import defaultdict, deque
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
@@ -259,9 +260,15 @@ class Scheduler:
             if self.draining:
                 return
             self.draining = True
-        timer = threading.Timer(max(0.0, seconds), self._give_up)
-        timer.daemon = True
-        timer.start()
+        # the clock holds the scheduler weakly and ends once it has stopped with nothing open: a Timer holding
+        # ``self._give_up`` kept each swapped-out revision (its model, tokenizer and caches) and a thread alive for
+        # --drain-timeout-s (issue 54: +72 MB of RSS after 10 swaps in a minute)
+        threading.Thread(target=_drain_clock, args=(weakref.ref(self), max(0.0, seconds)), name="nvrm-drain", daemon=True).start()
+
+    def _stopped_idle(self) -> bool:
+        """Whether the scorer thread has ended with no request left open (nothing for the drain clock to answer)."""
+        with self._lock:
+            return not self._thread.is_alive() and not self._open
 
     def _give_up(self) -> None:
         with self._lock:
@@ -340,3 +347,22 @@ class Scheduler:
                     if self._live(held):
                         self._run([held])
                 return
+
+
+DRAIN_CLOCK_TICK_S = 0.5
+"""How often a draining scheduler's clock looks whether it has stopped with nothing open (and ends early)."""
+
+
+def _drain_clock(scheduler: "weakref.ReferenceType[Scheduler]", seconds: float) -> None:
+    """``Scheduler.begin_drain``'s deadline: after ``seconds``, what is still open is answered "shutting down"; it ends
+    sooner once the scheduler is gone or has stopped with nothing open."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(DRAIN_CLOCK_TICK_S, left))
+        s = scheduler()
+        if s is None or s._stopped_idle():
+            return
+        del s
+    s = scheduler()
+    if s is not None:
+        s._give_up()

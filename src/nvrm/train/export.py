@@ -52,12 +52,17 @@ def export_bundle(
     revision: str,
     training: dict[str, Any],
 ) -> Path:
-    """Write ``out`` atomically: sharded backbone, head, assets, training record, manifest."""
+    """Write ``out`` atomically: sharded backbone, head, assets, training record, manifest. The training record holds
+    ``exported_at`` (UTC, ISO 8601): the order ``nvrm serve --watch`` takes the newest export by, which file-system
+    housekeeping cannot change (nvrm.serve.model_watch)."""
+    from datetime import datetime, timezone
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        training = {**training, "copied_assets": copy_assets(base, tmp)}
+        exported = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+        training = {**training, "copied_assets": copy_assets(base, tmp), "exported_at": exported}
         write_backbone(tmp, {k: v.detach().to("cpu", dtype).contiguous() for k, v in backbone_state.items()})
         head = {"rm_head.weight": head_weight.detach().to("cpu", dtype).reshape(1, -1).contiguous()}
         if head_bias is not None:
