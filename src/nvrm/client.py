@@ -190,7 +190,9 @@ class RewardClient:
             else:
                 fields = (r.reward, tuple(r.context_times), tuple(r.candidate_times), r.num_tokens, response.contract,
                           response.model.revision, tuple(r.off_contract))
-                out.append(VllmScoreResult(*fields, cached_tokens=r.cached_tokens or 0) if r.backend == "vllm" else ScoreResult(*fields))
+                doubt = r.uncertainty if r.uncertainty is not None and math.isfinite(r.uncertainty) else None
+                out.append(VllmScoreResult(*fields, cached_tokens=r.cached_tokens or 0) if r.backend == "vllm"
+                           else ScoreResult(*fields, uncertainty=doubt))
         return out
 
     # ------------------------------------------------------------ API

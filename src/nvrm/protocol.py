@@ -169,6 +169,9 @@ class Score(BaseModel):
     off_contract: list[str] = Field(default_factory=list, description="why this reward is not the release contract's (opt-ins used); absent when it is")
     backend: str | None = Field(None, description="'vllm' when vLLM computed it (never exact); absent for nvrm's engine")
     cached_tokens: int | None = Field(None, description="vLLM backend: prompt tokens read from its prefix cache")
+    uncertainty: float | None = Field(None, description="how far to trust the reward, in reward units (the model's guard; "
+                                      "higher: less trustworthy); absent when the model has no guard")
+    conservative_reward: float | None = Field(None, description="reward - conservative * uncertainty, when the request asked for it")
 
 
 class ItemError(BaseModel):

@@ -132,6 +132,11 @@ class Guard:
         """[B] the part of each reward in doubt: ``sigmoid(logit) * max(0, reward - floor)`` (reward units)."""
         return torch.sigmoid(self.logit(r)) * (r.reward.float() - self.floor).clamp_min(0)
 
+    def summary(self) -> dict[str, Any]:
+        """What a service's ``/v1/info`` says of it: its numbers, what it was fitted for and its held-out figures."""
+        return {"file": GUARD_FILE, "floor": self.floor, "threshold": self.threshold, "model": self.model, "preprocessing": self.preprocessing,
+                "method": self.info.get("method"), "holdout": self.info.get("holdout")}
+
     def to(self, device) -> "Guard":
         """This guard with its tensors on ``device``."""
         import dataclasses

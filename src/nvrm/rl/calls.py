@@ -151,13 +151,39 @@ def score_call(
     for i, r in enumerate(results):
         if isinstance(r, BaseException):
             errors[i] = str(r)
-    rewards: list[Any] = [None if i in errors else float(results[i].reward) for i in range(n)]
+        elif r is not None and getattr(source, "conservative", None) is not None and getattr(r, "uncertainty", None) is None:
+            # never a raw reward handed out as a conservative one
+            errors[i] = f"item {i}: no uncertainty came with its reward (the model that scored it has no guard), so no conservative reward"
+    weight = getattr(source, "conservative", None)
+    rewards: list[Any] = [None if i in errors else float(results[i].reward if weight is None else results[i].conservative(weight)) for i in range(n)]
     if monitor is not None:
         monitor.check(groups, call.candidates, rewards)
         monitor.failures(errors)
     if normalize is not None and normalize.active:
         rewards = normalize(rewards, every)
     return policy.apply(rewards, every, errors), every, errors, results
+
+
+def guard_details(results: Sequence[Any], weight: float | None) -> dict[str, Any]:
+    """Both values of a call's rewards, for the adapters to hand on beside the one the trainer optimises: the raw rewards,
+    the uncertainties (None where an item failed, or without a guard) and the λ the conservative rewards used (None: raw)."""
+    scored = [r if not isinstance(r, BaseException) and r is not None else None for r in results]
+    return {
+        "raw_reward": [None if r is None else float(r.reward) for r in scored],
+        "uncertainty": [None if r is None or getattr(r, "uncertainty", None) is None else float(r.uncertainty) for r in scored],
+        "conservative": weight,
+    }
+
+
+def guard_columns(source: Any, results: Sequence[Any]) -> dict[str, list[float]]:
+    """Per-item numeric columns of both values for trainers that log extra columns (verl's ``reward_extra_info``):
+    ``nvrm_raw_reward`` and ``nvrm_uncertainty`` (NaN where an item failed), only when the model has a guard."""
+    if not getattr(source, "guarded", False):
+        return {}
+    d = guard_details(results, getattr(source, "conservative", None))
+    nan = float("nan")
+    return {"nvrm_raw_reward": [nan if v is None else v for v in d["raw_reward"]],
+            "nvrm_uncertainty": [nan if v is None else v for v in d["uncertainty"]]}
 
 
 def refuse_unknown(kwargs: dict, known: set[str], where: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import ConfigError
-from .calls import score_call, video_of
+from .calls import guard_details, score_call, video_of
 from .context_rule import ContextRule, build_call, frames_of
 from .policy import FailurePolicy, SignalMonitor
 from .scorer import RewardSource, is_url
@@ -55,6 +55,8 @@ class FastVideoReward(torch.nn.Module):
         self.monitor = SignalMonitor("nvrm FastVideo reward", "Check that each prompt's rollouts really differ.")
         self.last_errors: dict[int, str] = {}
         """The failed items of the last call (index -> message), for logging."""
+        self.last_details: dict[str, Any] = {}
+        """The last call's raw rewards, uncertainties and the conservative λ (``nvrm.rl.calls.guard_details``), for logging."""
 
     def compute_reward(self, videos: Any, prompts: Sequence[str] | None, **kwargs: Any) -> torch.Tensor:
         """NVRM's reward per video: ``[B]`` float32 on ``videos``' device.
@@ -77,8 +79,9 @@ class FastVideoReward(torch.nn.Module):
             v = frames_of(videos[i], self.layout, f"video {i}")
             cands.append(v if isinstance(v, BaseException) else video_of(v, fps, f"video {i}"))
         call = build_call(self.rule, list(prompts), metas, cands, prompt_name="prompts[i]")
-        rewards, _, errors, _ = score_call(self.source, call, policy=self.policy, normalize=None, monitor=self.monitor)
+        rewards, _, errors, results = score_call(self.source, call, policy=self.policy, normalize=None, monitor=self.monitor)
         self.last_errors = errors
+        self.last_details = guard_details(results, self.source.conservative)
         device = videos.device if hasattr(videos, "device") else None
         return torch.tensor(rewards, dtype=torch.float32, device=device)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .calls import check_items, off_contract, score_call, video_of
+from .calls import check_items, guard_details, off_contract, score_call, video_of
 from .policy import FailurePolicy, Normalize, SignalMonitor
 from .scorer import RewardSource, is_url
 
@@ -82,6 +82,7 @@ def flow_grpo_reward(
                 "nvrm_failed": sorted(errors),
                 "nvrm_errors": [errors.get(i) for i in range(n)],
                 "nvrm_off_contract": off_contract(results),
+                **{f"nvrm_{k}": v for k, v in guard_details(results, source.conservative).items()},
             }
 
         return fn

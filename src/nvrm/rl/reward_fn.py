@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence, Union
 
-from .calls import check_items, score_call
+from .calls import check_items, guard_details, score_call
 from .policy import FailurePolicy
 from .scorer import RewardSource, group_items
 
@@ -38,6 +38,8 @@ def make_reward_fn(
     ``model_or_url``: a ``RewardModel``, a bundle path / Hub repo id (loaded
     once per process with ``kwargs``), or an ``http(s)://`` URL of ``nvrm serve``.
     ``on_error``: ``"raise"`` (default), ``"nan"``, ``"group_mean"``, or a finite number for failed slots.
+    ``conservative=λ`` (a keyword of ``kwargs``): the rewards are ``reward - λ * uncertainty`` (the model needs a guard);
+    after each call ``fn.details`` holds both values (``raw_reward``, ``uncertainty``, ``conservative``).
     """
     policy = FailurePolicy.parse(on_error, ("raise", "nan", "group_mean"))
     source = RewardSource(model_or_url, api_key=api_key, **kwargs)
@@ -48,7 +50,9 @@ def make_reward_fn(
 
             raise ConfigError(f"prompts, contexts and candidates differ in length ({len(prompts)}, {len(contexts)}, {len(candidates)})")
         call = check_items(prompts, contexts, candidates, prompt_name="prompts[i]", context_name="contexts[i]")
-        rewards, _, _, _ = score_call(source, call, policy=policy, normalize=None, monitor=None)
+        rewards, _, _, results = score_call(source, call, policy=policy, normalize=None, monitor=None)
+        fn.details = guard_details(results, source.conservative)  # type: ignore[attr-defined]
         return rewards
 
+    fn.details = {}  # type: ignore[attr-defined]
     return fn

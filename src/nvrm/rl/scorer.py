@@ -83,10 +83,11 @@ class RewardSource:
     """Scores (prompt, context, candidate) items, grouped by shared (prompt, context)."""
 
     def __init__(self, model_or_url: Any, *, api_key: str | None = None, short_candidates: bool = False, no_context: bool = False,
-                 record: str | os.PathLike | None = None, **load: Any):
+                 record: str | os.PathLike | None = None, conservative: float | None = None, **load: Any):
         """``short_candidates`` and ``no_context`` ask for the contract's off-contract opt-ins: a bundle path
         is loaded with them on; a model or a server must already have them (refused otherwise, never ignored).
-        ``record``: a folder to keep every scored item in (``nvrm.record``, docs/record.md)."""
+        ``record``: a folder to keep every scored item in (``nvrm.record``, docs/record.md).
+        ``conservative``: λ; the trainer gets ``reward - λ * uncertainty`` (the model, or the served one, needs a guard)."""
         self.recorder = None
         if record is not None:
             from ..record.capture import from_rl
@@ -128,6 +129,28 @@ class RewardSource:
             from .pinning import in_process_kwargs
 
             self.model = shared_model(model_or_url, **in_process_kwargs(load, str(model_or_url)))
+        self.conservative = self._conservative(conservative)
+        """λ of the conservative reward the adapters hand out, or None (the raw reward)."""
+
+    @property
+    def guarded(self) -> bool:
+        """Whether its rewards come with an uncertainty (the model, or the served one, has a guard; asked of a server once)."""
+        if not hasattr(self, "_guarded"):
+            self._guarded = bool(self.client.info().get("guard")) if self.client is not None else getattr(self.model, "guard", None) is not None
+        return self._guarded
+
+    def _conservative(self, weight: Any) -> float | None:
+        from ..guard.conservative import check_conservative
+
+        if weight is None:
+            return None
+        if self.client is not None:
+            guard = self.client.info().get("guard")
+            where = f"conservative={weight!r} (the model at {self.client.url})"
+        else:
+            guard = getattr(self.model, "guard", None)
+            where = f"conservative={weight!r}"
+        return check_conservative(weight, guard, where)
 
     @property
     def remote(self) -> bool:

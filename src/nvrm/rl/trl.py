@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from .calls import check_items, completion_as_path, off_contract, score_call, text_of
+from .calls import check_items, completion_as_path, guard_details, off_contract, score_call, text_of
 from .pinning import distinct, revisions_of
 from .policy import FailurePolicy, Normalize, SignalMonitor, failure_kinds
 from .render import render_all, resolve, row_of
@@ -92,6 +92,15 @@ def trl_reward(
             log_metric(f"{name}/revisions", len(live))
         if callable(kwargs.get("log_extra")):
             kwargs["log_extra"](f"{name}/revision", [r or "" for r in revisions])
+        if source.guarded:
+            both = guard_details(results, source.conservative)
+            if callable(kwargs.get("log_extra")):
+                kwargs["log_extra"](f"{name}/raw_reward", both["raw_reward"])
+                kwargs["log_extra"](f"{name}/uncertainty", both["uncertainty"])
+            doubts = [u for u in both["uncertainty"] if u is not None]
+            if callable(log_metric) and doubts:
+                log_metric(f"{name}/uncertainty_mean", sum(doubts) / len(doubts))
+        reward.details = guard_details(results, source.conservative)  # type: ignore[attr-defined]
         return rewards
 
     reward.__name__ = name

@@ -29,7 +29,7 @@ import dataclasses
 from typing import Any
 
 from nvrm.errors import ConfigError, InputError, RewardFnError
-from nvrm.rl.calls import off_contract, refuse_unknown, score_call, video_of
+from nvrm.rl.calls import guard_columns, off_contract, refuse_unknown, score_call, video_of
 from nvrm.rl.context_rule import ContextRule, build_call, frames_of
 from nvrm.rl.policy import FailurePolicy, SignalMonitor
 from nvrm.rl.scorer import RewardSource, group_items, registry
@@ -115,8 +115,10 @@ class OmniScorer:
         if errors and self.policy.mode != "raise":
             rewards = self.policy.apply(rewards, group_items(call.prompts, call.contexts), errors)
         flags = off_contract(results)
+        both = guard_columns(self.source, results)
         return [RewardFnError({i: errors[i]}, len(items)) if r is None
-                else {"score": float(r), "nvrm_ok": 0.0 if i in errors else 1.0, "nvrm_off_contract": 1.0 if flags[i] else 0.0}
+                else {"score": float(r), "nvrm_ok": 0.0 if i in errors else 1.0, "nvrm_off_contract": 1.0 if flags[i] else 0.0,
+                      **{k: v[i] for k, v in both.items()}}
                 for i, r in enumerate(rewards)]
 
     def single(self, item: tuple) -> dict:

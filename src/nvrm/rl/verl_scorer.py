@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..errors import ConfigError, RewardFnError
-from .calls import check_items, completion_as_path, off_contract, refuse_unknown, score_call
+from .calls import check_items, completion_as_path, guard_columns, off_contract, refuse_unknown, score_call
 from .pinning import distinct, revisions_of
 from .policy import FailurePolicy, SignalMonitor
 from .render import render_all, resolve, row_of
@@ -22,7 +22,8 @@ from .scorer import RewardSource, registry
 VERL_EXTRAS = {"reward_router_address", "reward_model_tokenizer"}
 """Keyword arguments verl itself adds to a call; not settings, so not used."""
 
-_LOAD_KEYS = {"device", "dtype", "verify", "max_batch_tokens", "workers", "worker_kind", "attention", "revision", "timeout", "retries"}
+_LOAD_KEYS = {"device", "dtype", "verify", "max_batch_tokens", "workers", "worker_kind", "attention", "revision", "timeout", "retries",
+              "conservative"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,10 +126,11 @@ class VerlScorer:
         flags = off_contract(results)
         revisions = revisions_of(results)  # verl's reward_extra_info: which revision scored each sample
         distinct(revisions, "nvrm verl reward")
+        both = guard_columns(self.source, results)
         return [
             RewardFnError({i: errors[i]}, len(items)) if r is None
             else {"score": float(r), "nvrm_ok": 0.0 if i in errors else 1.0, "nvrm_off_contract": 1.0 if flags[i] else 0.0,
-                  "nvrm_revision": revisions[i] or ""}
+                  "nvrm_revision": revisions[i] or "", **{k: v[i] for k, v in both.items()}}
             for i, r in enumerate(rewards)
         ]
 

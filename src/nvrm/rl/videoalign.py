@@ -26,7 +26,7 @@ import os
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from .calls import score_call
+from .calls import guard_details, score_call
 from .context_rule import ContextRule, build_call
 from .policy import FailurePolicy, SignalMonitor
 from .scorer import RewardSource, is_url
@@ -73,8 +73,11 @@ class VideoAlignReward:
         if len(paths) != len(texts):
             raise ConfigError(f"VideoAlignReward.reward: {len(paths)} video_paths but {len(texts)} prompts")
         call = build_call(self.rule, texts, [None] * len(paths), paths, prompt_name="prompts[i]")
-        rewards, _, _, _ = score_call(self.source, call, policy=self.policy, normalize=None, monitor=self.monitor)
-        return [{"Overall": r, **{k: r for k in self.keys}} for r in rewards]
+        rewards, _, _, results = score_call(self.source, call, policy=self.policy, normalize=None, monitor=self.monitor)
+        both = guard_details(results, self.source.conservative) if self.source.guarded else None
+        return [{"Overall": r, **{k: r for k in self.keys},
+                 **({"nvrm_raw_reward": both["raw_reward"][i], "nvrm_uncertainty": both["uncertainty"][i]} if both else {})}
+                for i, r in enumerate(rewards)]
 
     __call__ = reward
 

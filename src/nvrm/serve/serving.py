@@ -131,6 +131,7 @@ class Serving:
             "model": m.info(),
             "contract": {"fingerprint": m.fingerprint, "contract_fields_fingerprint": c.fingerprint, "fields": c.to_dict(), "sampling": sampling},
             "limits": {**self.config.public(), **dataclasses.asdict(m.limits)},
+            "guard": m.guard.summary() if getattr(m, "guard", None) is not None else None,
             "replica": self.replica,
         })
 
