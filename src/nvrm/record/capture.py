@@ -60,6 +60,7 @@ class Recorder:
                     prompt, context, f"{self.run}.{cid}" if cid else f"{self.run}.{n}.{local}", candidate, result.reward,
                     result.model_revision or revision or "unversioned", contract, limits, f"{self.run}.{local}", index[local], self.source,
                     _nbytes(context) * (index[local] == 0) + _nbytes(candidate), str(getattr(result, "contract", "") or ""),
+                    getattr(result, "uncertainty", None),
                 ))
             return len(pending) if pending and self.writer.submit(pending) else 0
         except Exception:  # the record must never fail a score

@@ -28,6 +28,8 @@ class RecordRollout:
     rollout: object
     rewards: tuple[float, ...]
     revisions: tuple[str, ...]
+    uncertainties: tuple[float | None, ...] = ()
+    """Each candidate's recorded uncertainty (its model's guard); None where the row has none."""
 
 
 def open_record(root: str | Path) -> Path:
@@ -166,5 +168,12 @@ def record_rollouts(root: str | Path) -> tuple[list[RecordRollout], list[str]]:
             continue
         paths = tuple(str(root / r["candidate"]["path"]) for r in kept)
         rollout = Rollout(gid, str(members[0]["prompt"]), context, paths, kept[0].get("seq", 0))  # type: ignore[arg-type]
-        out.append(RecordRollout(rollout, tuple(float(r["reward"]) for r in kept), tuple(str(r.get("revision")) for r in kept)))
+        out.append(RecordRollout(rollout, tuple(float(r["reward"]) for r in kept), tuple(str(r.get("revision")) for r in kept),
+                                 tuple(_uncertainty(r) for r in kept)))
     return out, problems
+
+
+def _uncertainty(row: dict) -> float | None:
+    """A row's recorded uncertainty when it is a finite number >= 0 (else None: recorded without a guard, or unusable)."""
+    u = row.get("uncertainty")
+    return float(u) if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and u >= 0 else None

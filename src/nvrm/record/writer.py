@@ -50,6 +50,8 @@ class Pending:
     nbytes: int = 0
     fingerprint: str = ""
     """The fingerprint its result names (default: the contract's)."""
+    uncertainty: float | None = None
+    """Its result's uncertainty (the model's guard), kept in the row; None without a guard."""
 
 
 @dataclass
@@ -242,7 +244,8 @@ class RecordWriter:
         seq = seg.seq + seg.rows
         line = json.dumps(fmt.row(seq=seq, time=time.time(), source=p.source, group=p.group, index=p.index, prompt=p.prompt,
                                   context=context, candidate=candidate, reward=p.reward, revision=p.revision,
-                                  contract=p.fingerprint or p.contract.fingerprint))
+                                  contract=p.fingerprint or p.contract.fingerprint,
+                                  extra={"uncertainty": p.uncertainty} if p.uncertainty is not None else None))
         with open(self.root / fmt.segment_name(seg.seq), "a") as f:
             f.write(line + "\n")
         seg.rows += 1

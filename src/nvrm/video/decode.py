@@ -36,7 +36,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence, Union
+from typing import Any, TYPE_CHECKING, Callable, Sequence, Union
 
 import av
 from PIL import Image
@@ -482,15 +482,51 @@ def _read_sequential(source: VideoSource, role: str, contract: Contract, limits:
     return SampledFrames(plan, tuple(kept[i] for i in plan.indices), name, len(times), "sequential")
 
 
+SAMPLED_SUFFIX = ".npy"
+"""Files of frames already sampled at the contract's rate (the rollout record's ``.npy``): read as the sampled video they are."""
+SAMPLED_RATE = 1.0
+"""The frame rate of a ``.npy`` of sampled frames: the release contract's sample rate (1 FPS)."""
+
+
+def is_sampled_file(source: Any) -> bool:
+    """Whether ``source`` names a ``.npy`` file of sampled frames (a path, not bytes)."""
+    return isinstance(source, (str, os.PathLike)) and os.fspath(source).lower().endswith(SAMPLED_SUFFIX)
+
+
+def read_sampled_file(source: "str | os.PathLike", limits: Limits | None = None) -> "np.ndarray":
+    """uint8 ``(T, H, W, 3)`` frames of a ``.npy`` file (never a pickle), checked: shape, dtype, frame count and size."""
+    import numpy as np
+
+    limits = limits or _DEFAULT_LIMITS
+    name = os.fspath(source)
+    try:
+        frames = np.load(name, allow_pickle=False, mmap_mode="r")
+    except FileNotFoundError as e:
+        raise InputError(name, "no such file") from e
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(name, f"not a .npy array of frames ({' '.join(str(e).split())[:160]})") from e
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
+        raise InputError(name, f"a .npy of sampled frames must hold uint8 (T, H, W, 3), T >= 1; it holds {frames.dtype} {tuple(frames.shape)}")
+    limits.check_source(int(frames.shape[2]), int(frames.shape[1]), name)
+    limits.check_context_frames(int(frames.shape[0]), name)
+    return np.ascontiguousarray(frames)
+
+
 def decode_frames(source: VideoSource, *, max_seconds: float | None = None, limits: Limits | None = None) -> tuple["np.ndarray", float]:
     """Every frame (RGB uint8, ``(T, H, W, 3)``) up to ``max_seconds``, and the stream's average frame rate.
 
-    For tools that change the frames themselves before the contract (``nvrm probe``);
-    scoring never uses it. The header limits are checked first, as for scoring.
+    For tools that change the frames themselves before the contract (``nvrm probe``, the judges);
+    scoring never uses it. The header limits are checked first, as for scoring. A ``.npy`` of sampled
+    frames is those frames at ``SAMPLED_RATE``.
     """
     import numpy as np
 
     limits = limits or _DEFAULT_LIMITS
+    if is_sampled_file(source):
+        frames = read_sampled_file(source, limits)  # type: ignore[arg-type]
+        if max_seconds is not None:
+            frames = frames[: max(1, int(round(max_seconds * SAMPLED_RATE)))]
+        return frames, SAMPLED_RATE
     name = describe(source)
     with _open(source, name) as container:
         stream, header = _checked_stream(container, "candidate" if max_seconds is not None else "context", name, limits)

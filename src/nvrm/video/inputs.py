@@ -23,7 +23,7 @@ from ..clip import Clip, is_tensor as _is_tensor
 from ..contract import Contract
 from ..errors import InputError
 from ..limits import Limits
-from .decode import describe, read_sampled
+from .decode import describe, is_sampled_file, read_sampled, read_sampled_file
 from .frames import array_to_image, prepare_frame, to_rgb
 from .sampling import SamplePlan, clip_duration, plan_candidate, plan_context
 
@@ -146,6 +146,8 @@ def sample_input(
                 raise InputError(value.name, f"was sampled as {value.role}, not {role}")
             images = [f if isinstance(f, Image.Image) else array_to_image(f, value.name) for f in value.frames]
             return images, value.plan, value.name
+        if is_sampled_file(value):  # frames already sampled (a record's .npy): the sampled video they are
+            value = list(read_sampled_file(value, limits))  # type: ignore[arg-type]
         if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)):
             if isinstance(value, str) and not value:
                 raise InputError("''", "empty path")
@@ -202,6 +204,12 @@ def check_reusable(value: PreparedVideo, role: str, contract: Contract) -> Prepa
     return value
 
 
+def _prepared(sampled: tuple[list[Image.Image], SamplePlan, str], role: str, contract: Contract) -> PreparedVideo:
+    images, plan, name = sampled
+    prepared = tuple(prepare_frame(img, contract, f"{name} @ {t:.3f}s") for img, t in zip(images, plan.times))
+    return PreparedVideo(prepared, plan.times, name, role, contract.fingerprint)
+
+
 def prepare_input(
     value: "VideoInput | PreparedVideo", role: str, contract: Contract, limits: Limits | None = None
 ) -> PreparedVideo:
@@ -219,6 +227,8 @@ def prepare_input(
     if value is None:
         return no_context(role, contract)
     try:
+        if is_sampled_file(value):
+            return _prepared(sample_input(value, role, contract, limits), role, contract)
         if isinstance(value, (str, os.PathLike, bytes, bytearray, memoryview)) and not (isinstance(value, str) and not value):
             name = describe(value)
             sampled = read_sampled(
