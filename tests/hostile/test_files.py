@@ -98,7 +98,7 @@ def test_an_unexpected_failure_is_one_line_without_v(monkeypatch, capsys):
 
     args = build_parser().parse_args(["score", "--model", "x", "--prompt", "p", "--context", "c", "--candidate", "c"])
     args.run = boom
-    monkeypatch.setattr("nvrm.cli.main.build_parser", lambda: type("P", (), {"parse_args": lambda self, argv: args})())
+    monkeypatch.setattr("nvrm.cli.main.build_parser", lambda **_: type("P", (), {"parse_args": lambda self, argv: args})())
     assert main([]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("nvrm: error: out of memory") and len(err.splitlines()) == 1

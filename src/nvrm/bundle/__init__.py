@@ -9,6 +9,9 @@ optionally ``RELEASE_MANIFEST.json`` / ``worl-bundle.json`` and
 
 Only safetensors are read (never pickle), no remote code runs, and loading is
 strict: a missing, unexpected or mis-shaped weight is an error naming it.
+
+Importing this package imports neither torch nor transformers: the functions that build a model or write
+tensors import them when called, so ``nvrm verify`` and ``nvrm download`` start at once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from .verify import (  # noqa: F401
 )
 from .hub import download_bundle, resolve_bundle  # noqa: F401
 from .load import (  # noqa: F401
-    _canonical_key, _summarise, backbone_files, load_backbone, load_head, load_processor, preprocessing_fingerprint, read_config, template_source,
+    backbone_files, canonical_key, load_backbone, load_head, load_processor, preprocessing_fingerprint, raw_config, read_config, template_source,
     weights_fingerprint,
 )
+from .safetensors_header import HeaderError, TensorHeader, read_header  # noqa: F401
 from .write import write_backbone, write_manifest  # noqa: F401

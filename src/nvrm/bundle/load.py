@@ -1,21 +1,27 @@
-"""Loading a bundle strictly: config, backbone weights key by key, the reward head, the processor and its fingerprint."""
+"""Loading a bundle strictly: config, backbone weights key by key, the reward head, the processor and its fingerprint.
+
+torch and transformers are imported by the functions that build something, never at import time: ``nvrm verify``
+reads the config and the shards' headers (``raw_config``, ``check_weight_shapes``) without either.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleError
 from .layout import ACCEPTED_ARCHITECTURES, HEAD_FILE, INDEX_FILE
 from .verify import DigestCache, read_integrity_manifest, scoring_files
 
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    import torch
 
-def read_config(bundle: Path):
-    from transformers import Qwen3VLConfig
 
+def raw_config(bundle: Path) -> dict[str, Any]:
+    """``config.json`` as JSON, checked to be a Qwen3-VL config with sizes within ``sizes.LIMITS`` (``BundleError``
+    in one line otherwise); torch-free."""
     path = bundle / "config.json"
     if not path.is_file():
         raise BundleError(f"{bundle}: config.json is missing")
@@ -36,6 +42,14 @@ def read_config(bundle: Path):
             f"{path}: expected model_type 'qwen3_vl' with architecture Qwen3VLModel, "
             f"got model_type={raw.get('model_type')!r}, architectures={archs}"
         )
+    return raw
+
+
+def read_config(bundle: Path):
+    """The bundle's ``Qwen3VLConfig``, once ``raw_config`` has checked it."""
+    from transformers import Qwen3VLConfig
+
+    raw_config(bundle)
     return Qwen3VLConfig.from_pretrained(str(bundle))
 
 
@@ -80,7 +94,7 @@ def backbone_files(bundle: Path) -> list[Path]:
     raise BundleError(f"{bundle}: no backbone weights ({INDEX_FILE} or model.safetensors){hint}")
 
 
-def _canonical_key(key: str) -> str | None:
+def canonical_key(key: str) -> str | None:
     """Map a checkpoint key to the bare ``Qwen3VLModel`` layout; None = ignore."""
     if key.startswith("lm_head."):
         return None
@@ -111,7 +125,7 @@ def load_backbone(bundle: Path, config, dtype: torch.dtype, attn_implementation:
         try:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for key in f.keys():
-                    name = _canonical_key(key)
+                    name = canonical_key(key)
                     if name is None:
                         continue
                     if name not in expected:

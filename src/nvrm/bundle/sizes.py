@@ -41,15 +41,16 @@ def config_problems(raw: Mapping[str, Any]) -> list[str]:
 
 
 def header_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape as the safetensors headers declare it (no tensor is read), by canonical key."""
-    from safetensors import safe_open
+    """Every tensor's shape as the safetensors headers declare it (no tensor is read), by canonical key.
+
+    A file that is not a readable safetensors file raises ``HeaderError`` (a ``ValueError``) naming it."""
+    from .safetensors_header import read_header
 
     shapes = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                name = key[len("model."):] if key.startswith("model.") else key
-                shapes[name] = tuple(f.get_slice(key).get_shape())
+        for key, tensor in read_header(file).items():
+            name = key[len("model."):] if key.startswith("model.") else key
+            shapes[name] = tensor.shape
     return shapes
 
 

@@ -24,14 +24,16 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..errors import BundleError, IntegrityError
 from .layout import HEAD_FILE, INDEX_FILE, MANIFEST_NAMES
-from .load import _canonical_key, backbone_files, load_head, read_config
+from .load import backbone_files, canonical_key, load_head, read_config
 from .verify import read_integrity_manifest, sha256_file, verify_bundle
+
+if TYPE_CHECKING:  # pragma: no cover - torch is imported where tensors are made (is_export and the manifests need none)
+    import torch
 
 EXPORT_MANIFEST = "NVRM_EXPORT.json"
 EXPORT_FORMAT = "vllm-sequence-classification"
@@ -53,7 +55,7 @@ class ExportReport:
 
 def exported_name(key: str) -> str | None:
     """The sequence-classification name of a bundle's backbone key (None: not exported, e.g. ``lm_head.*``)."""
-    bare = _canonical_key(key)
+    bare = canonical_key(key)
     return None if bare is None else f"model.{bare}"
 
 
@@ -80,6 +82,7 @@ def _source_manifest(bundle: Path) -> tuple[str | None, str | None, str | None]:
 
 def _write_shards(bundle: Path, out: Path, hidden: int) -> tuple[dict[str, str], int]:
     """Renamed backbone shards and the head shard; returns the index's weight map and the bytes of all tensors."""
+    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -232,6 +235,7 @@ def _copy_list(bundle: Path) -> list[str]:
 
 def _compare_tensors(export: Path, source: Path) -> tuple[list[str], int]:
     """Every exported tensor equals its source tensor (same name after renaming, dtype, shape and bytes)."""
+    import torch
     from safetensors import safe_open
 
     weight_map = json.loads((export / INDEX_FILE).read_text())["weight_map"]
@@ -264,6 +268,8 @@ def _compare_tensors(export: Path, source: Path) -> tuple[list[str], int]:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    import torch
+
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return a.numel() == 0 or torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))  # bytes: NaN == NaN, -0 != 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from .verify import sha256_file
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only: writing a manifest needs no torch
+    import torch
 
 
 def write_manifest(

@@ -6,24 +6,34 @@ import argparse
 import json
 import sys
 
+from .options import DeferredParser
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    """Flags of ``nvrm guard``: ``fit`` (the model's flags, the pairs, references, the fit settings) and ``show``."""
+    """Flags of ``nvrm guard``: ``fit`` (the model's flags, the pairs, references, the fit settings) and ``show``.
+
+    The ``fit`` flags are added only when ``fit`` is used (a ``DeferredParser``): its settings live in
+    ``nvrm.guard.fitting``, which imports torch."""
+    sub = p.add_subparsers(dest="guard_command", required=True, metavar="ACTION", parser_class=DeferredParser)
+    f = sub.add_parser("fit", help="fit the guard from preference pairs and write it into the bundle (nvrm_guard.safetensors, listed in its "
+                       "manifest)", add_args=add_fit_args)
+    f.set_defaults(run=run_fit)
+    s = sub.add_parser("show", help="what the bundle's guard is, how it was fitted and what it measured")
+    s.add_argument("--model", required=True, help="bundle directory")
+    s.set_defaults(run=run_show)
+
+
+def add_fit_args(f: argparse.ArgumentParser) -> None:
+    """Flags of ``nvrm guard fit``: the model's flags, the pairs, references and every ``GuardFitSettings`` field."""
     from ..guard.fitting import GuardFitSettings
     from .model_flags import add_model_args
     from .options import add_dataclass_args
 
-    sub = p.add_subparsers(dest="guard_command", required=True, metavar="ACTION")
-    f = sub.add_parser("fit", help="fit the guard from preference pairs and write it into the bundle (nvrm_guard.safetensors, listed in its manifest)")
     add_model_args(f)
     f.add_argument("--pairs", required=True, help="pairs.jsonl in the format nvrm train reads (prompt, context, chosen, rejected)")
     f.add_argument("--references", help="optional JSONL of more genuine candidates: prompt, context, video (paths relative to the file)")
     f.add_argument("--json", action="store_true", help="print the fit's summary as one JSON object")
     add_dataclass_args(f, GuardFitSettings, group="fit settings")
-    f.set_defaults(run=run_fit)
-    s = sub.add_parser("show", help="what the bundle's guard is, how it was fitted and what it measured")
-    s.add_argument("--model", required=True, help="bundle directory")
-    s.set_defaults(run=run_show)
 
 
 def run_fit(args: argparse.Namespace) -> int:

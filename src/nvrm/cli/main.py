@@ -2,17 +2,25 @@
 
 Expected failures (bad input, bad bundle, no network) print one line,
 ``nvrm: error: ...``, and exit 2. Tests call ``main(argv)`` directly.
+
+The command answers at once: each subcommand module imports only argparse-level code, its run function
+imports the library it needs, and ``main`` adds a subcommand's flags only when that subcommand is used
+(``build_parser(deferred=True)``), so ``nvrm --help``, ``nvrm verify`` and ``nvrm download`` import no torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.util
 import logging
 import sys
 import warnings
+from types import ModuleType
 from typing import Callable, Sequence
 
 from ..errors import NvrmError
+from .options import DeferredParser
 from . import batch, bench, demo, download, evaluation, export_bundle, prefs, probe, rank, score, serve, show_frames, train, verify_bundle
 from . import guard, refresh
 
@@ -37,28 +45,62 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``nvrm`` argument parser with every subcommand registered."""
+def build_parser(deferred: bool = False) -> argparse.ArgumentParser:
+    """The ``nvrm`` argument parser with every subcommand registered.
+
+    ``deferred``: each subcommand's flags are added when it is used (what ``main`` does), not all at once."""
     parser = argparse.ArgumentParser(prog="nvrm", description="WORL-NVRM next-video reward model runtime")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=DeferredParser)
     for name, help_text, add_args, run in SUBCOMMANDS:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add_args(p)
+        p = sub.add_parser(name, help=help_text, description=help_text, add_args=add_args)
+        if not deferred:
+            p.complete(deep=True)
         if run is not None:
             p.set_defaults(run=run)
     return parser
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """A one-shot meta-path finder: runs ``then(module)`` right after the module ``name`` is first imported."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)  # the finders after this one find it
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            run, then = spec.loader.exec_module, self.then
+
+            def exec_module(module: ModuleType) -> None:
+                run(module)
+                then(module)
+
+            spec.loader.exec_module = exec_module  # type: ignore[union-attr]
+        return spec
+
+
+def _when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
+    """``then(module)`` once the module ``name`` is imported: now if it is, else right after its first import, so the
+    CLI can quiet a library without importing it."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def _quiet_transformers(hf_logging: ModuleType) -> None:
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def _quiet_libraries(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="nvrm: %(message)s")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
+    # transformers (and the torch beneath it) costs seconds to import: quieted when a command imports it, not before
+    _when_imported("transformers.utils.logging", _quiet_transformers)
 
     def show(message, category, filename, lineno, file=None, line=None):  # one line, no source path
         print(f"nvrm: warning: {' '.join(str(message).split())}", file=sys.stderr)
@@ -74,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvrm`` command: parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit code.
 
     An :class:`NvrmError` prints one line to stderr and returns its ``exit_code``; Ctrl-C returns 130."""
-    parser = build_parser()
+    parser = build_parser(deferred=True)
     args = parser.parse_args(argv)
     _quiet_libraries(args.verbose)
     try:

@@ -5,6 +5,9 @@ with dashes (or the field's ``flag`` metadata), the field's help text and
 default, its type from the annotation; booleans that default to True get a
 ``--no-...`` flag. ``dataclass_from_args`` builds the object back, so a
 flag can never drift from the field it sets.
+
+``DeferredParser`` is the parser of every subcommand: its flags are added when it is used, so a
+subcommand's flags never cost another subcommand (or ``nvrm --help``) an import.
 """
 
 from __future__ import annotations
@@ -12,9 +15,46 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError
+
+
+class DeferredParser(argparse.ArgumentParser):
+    """A subcommand's parser that adds its flags (``add_args``) the first time it parses or prints its help.
+
+    Some flags are generated from settings dataclasses that live beside heavy code (``nvrm guard fit``'s from
+    ``nvrm.guard.fitting``): deferred, ``nvrm --help`` and every other subcommand never import them. Every
+    subcommand's ``add_args`` is given one, and a sub-parser it adds (``add_subparsers``) is one too."""
+
+    def __init__(self, *args, add_args: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pending = add_args
+
+    def complete(self, deep: bool = False) -> None:
+        """Add the flags now, once (``deep``: and those of every deferred parser below, as ``build_parser()`` does)."""
+        add, self._pending = self._pending, None
+        if add is not None:
+            add(self)
+        for action in self._actions if deep else ():
+            for child in (action.choices or {}).values() if isinstance(action, argparse._SubParsersAction) else ():
+                if isinstance(child, DeferredParser):
+                    child.complete(deep=True)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """``argparse.ArgumentParser.parse_known_args``, once the flags are added."""
+        self.complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        """``argparse.ArgumentParser.format_help``, once the flags are added."""
+        self.complete()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        """``argparse.ArgumentParser.format_usage``, once the flags are added."""
+        self.complete()
+        return super().format_usage()
 
 
 def flag_of(f: dataclasses.Field) -> str:

@@ -33,9 +33,9 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"{bundle}: OK, {check.files} file(s) match NVRM_EXPORT.json; {check.tensors} tensors equal {check.source}'s{rev}")
         return 0
     report = verify_bundle(bundle, use_cache=not args.no_cache)
-    from ..bundle.load import check_weight_shapes, read_config
+    from ..bundle.load import check_weight_shapes, raw_config
 
-    read_config(bundle)  # sizes within sane limits,
+    raw_config(bundle)  # a Qwen3-VL config with sizes within sane limits,
     check_weight_shapes(bundle)  # and the ones the weights have: before anything is built
     if report.manifest is None:
         print(f"{bundle}: no manifest; nothing verified", file=sys.stderr)

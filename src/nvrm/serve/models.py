@@ -82,27 +82,9 @@ def model_bytes(model) -> int:
 
 def bundle_weight_bytes(path: str | Path) -> int:
     """Bytes of the tensors a bundle's ``*.safetensors`` files declare, from their headers alone (nothing is loaded)."""
-    import json
-    import struct
+    from ..bundle.safetensors_header import declared_bytes
 
-    total = 0
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            head = fh.read(8)
-            if len(head) != 8:
-                continue
-            (n,) = struct.unpack("<Q", head)
-            if n > 100 * 1024 * 1024:  # not a safetensors header: verification refuses the bundle anyway
-                continue
-            try:
-                meta = json.loads(fh.read(n))
-            except ValueError:
-                continue
-        for key, t in meta.items() if isinstance(meta, dict) else ():
-            offsets = t.get("data_offsets") if key != "__metadata__" and isinstance(t, dict) else None
-            if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
-                total += max(0, offsets[1] - offsets[0])
-    return total
+    return sum(declared_bytes(f) for f in sorted(Path(path).glob("*.safetensors")))
 
 
 def free_memory(device) -> int:
