@@ -1,4 +1,4 @@
-"""Peak host memory of ``nvrm.serve.latents.LatentDecoder.decode`` per VAE architecture and latent shape (CPU).
+"""Peak host memory of ``nvrm.serve.protocols.cosmos.latents.LatentDecoder.decode`` per VAE architecture and latent shape (CPU).
 
 Each measurement runs in its own process: load the decoder, decode a tiny warm-up, reset the kernel's
 peak-RSS counter (``/proc/self/clear_refs``), decode latents of the given shape, and report the peak RSS
@@ -38,7 +38,7 @@ def _status() -> dict[str, int]:
 def _child(folder: str, shape: tuple[int, int, int]) -> dict:
     import numpy as np
 
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     dec = LatentDecoder(folder)
     dec.decode(np.zeros((1, 16, 1, 2, 2), np.float32))  # warm-up: kernels and thread pools exist before the measurement

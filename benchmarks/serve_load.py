@@ -297,7 +297,7 @@ def cosmos_latency(bundle: Path, tmp: Path, vae_kind: str, latent_hw: tuple[int,
     import io
 
     from nvrm import RewardModel
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     vae = random_vae(vae_kind, tmp / f"vae-{vae_kind}")
     h, w = latent_hw

@@ -22,7 +22,7 @@ REQUEST_PART = "request"
 
 ROUTE_HEADER = "serve_multiplexed_model_id"
 """Header with the content hash of a request's context: Ray Serve routes requests that carry the same
-value to the replica that already served it (``nvrm.serve.ray_serve``); a plain server ignores it."""
+value to the replica that already served it (``nvrm.serve.ray.deployment``); a plain server ignores it."""
 
 
 class _Strict(BaseModel):

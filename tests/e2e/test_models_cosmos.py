@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nvrm import Clip, RewardModel
-from nvrm.serve.models import NamedModels, manifest_sha256
+from nvrm.serve.models.registry import NamedModels, manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from helpers import InProcessServer
 
@@ -56,8 +56,8 @@ def served(two, tiny_bundle, vae):
 
 
 def test_reward_fn_names_two_models_scored_on_one_decode(served, two, vae, monkeypatch):
-    from nvrm.serve.decode_workers import DecodeWorker
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.decode_workers import DecodeWorker
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     decodes = []  # the requests' latents sent to the decode workers (the server's CPU decodes are theirs)
     real = DecodeWorker.decode_batch
@@ -102,7 +102,7 @@ def test_pull_of_a_name_not_served_or_not_asked_for_is_a_400(served):
 def test_the_decode_workers_and_the_in_process_decode_give_one_reward(served, two, vae):
     """``--decode-workers 0`` (a thread of the server's own process) and the default (worker processes) score a
     prompt's B = 1 rollouts alike, and as ``score_group`` on ``LatentDecoder.decode``'s frames in process."""
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     z = np.random.default_rng(11).standard_normal((4, 16, 21, 4, 6)).astype(np.float16)
     z[:, :, :1] = z[:1, :, :1]

@@ -14,8 +14,8 @@ import pytest
 from nvrm import Clip, RewardModel
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
-from nvrm.serve.model_swap import ADMIN_HEADER
-from nvrm.serve.models import NamedModels, manifest_sha256, parse_model_specs
+from nvrm.serve.models.model_swap import ADMIN_HEADER
+from nvrm.serve.models.registry import NamedModels, manifest_sha256, parse_model_specs
 from helpers import InProcessServer
 
 CTX = Clip(moving_square(2, 64, 32, seed=1), fps=1)
@@ -237,7 +237,7 @@ def test_several_named_models(bundles, models, expected):
 def test_bundle_weight_bytes_reads_the_safetensors_headers(bundles):
     from safetensors import safe_open
 
-    from nvrm.serve.models import bundle_weight_bytes, free_memory
+    from nvrm.serve.models.registry import bundle_weight_bytes, free_memory
 
     want = 0
     for f in sorted(bundles["b"].glob("*.safetensors")):
@@ -384,7 +384,7 @@ def test_done_when_8_clients_score_without_pause_while_the_demo_bundle_and_a_ret
             time.sleep(0.1)
         (only,) = server.get("/v1/models").json()["models"]
         rss_drained = _rss(server.proc.pid)
-        time.sleep(3)  # idle: the server's trimmer hands freed pages back 1 s after the last request (nvrm.serve.memory)
+        time.sleep(3)  # idle: the server's trimmer hands freed pages back 1 s after the last request (nvrm.serve.admission.memory)
         rss_after = _rss(server.proc.pid)
     finally:
         stop.set()

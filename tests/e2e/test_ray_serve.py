@@ -18,8 +18,8 @@ import ray.serve  # noqa: F401 - installed by the test extra: these tests run in
 from helpers import GROUP_ULPS, bf16_ulp, in_threads
 from nvrm import Clip
 from nvrm.client import RewardClient
-from nvrm.serve.model_swap import ADMIN_HEADER
-from nvrm.serve.models import manifest_sha256
+from nvrm.serve.models.model_swap import ADMIN_HEADER
+from nvrm.serve.models.registry import manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 

@@ -90,7 +90,7 @@ def test_a_decode_that_is_not_finite_fails_its_rollout(vae):
     """Latents that are finite can still decode to NaN (an overflow inside the VAE): that rollout is
     named, the others keep their frames."""
     from nvrm.errors import InputError
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     dec = LatentDecoder(vae)
     real = dec.vae.decode

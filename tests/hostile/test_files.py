@@ -129,7 +129,7 @@ def test_display_rotation_is_not_applied_and_said_once(tmp_path, caplog):
 
 
 def test_file_cache_keys_cannot_collide_across_path_and_content(tmp_path):
-    from nvrm.serve.media import _file_key
+    from nvrm.serve.admission.media import _file_key
 
     (tmp_path / "ab").write_bytes(b"c")  # sha256(path + bytes) would be the same for these two
     (tmp_path / "a").write_bytes(b"bc")
@@ -138,7 +138,7 @@ def test_file_cache_keys_cannot_collide_across_path_and_content(tmp_path):
 
 
 def test_hashing_a_file_is_bounded_in_time(tmp_path, monkeypatch):
-    import nvrm.serve.media as media
+    import nvrm.serve.admission.media as media
     from nvrm.errors import InputError
 
     path = tmp_path / "big.mp4"

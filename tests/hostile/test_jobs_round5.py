@@ -17,8 +17,8 @@ from helpers import InProcessServer, Server, free_port
 from nvrm import Clip, RewardModel
 from nvrm.errors import ConfigError
 from nvrm.protocol import encode_frames
-from nvrm.serve.model_swap import ADMIN_HEADER
-from nvrm.serve.models import manifest_sha256
+from nvrm.serve.models.model_swap import ADMIN_HEADER
+from nvrm.serve.models.registry import manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 from redis_server import RedisServer
@@ -64,7 +64,7 @@ def expected(bundles, models):
 
 
 def store(redis, namespace="t", **kw):
-    from nvrm.serve.redis_jobs import RedisJobStore
+    from nvrm.serve.jobs.redis_store import RedisJobStore
 
     settings = {"max_jobs": 64, "ttl_s": 60.0, "max_result_bytes": 100_000, "lease_s": 30.0, "admit_grace_s": 60.0, **kw}
     return RedisJobStore(redis.url, namespace, **settings)

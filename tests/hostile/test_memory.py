@@ -1,6 +1,6 @@
 """The service's memory model under load, with the server under an address-space cap.
 
-The stated bound (README, "Limits"; ``nvrm.serve.budget``): resident memory stays within the idle
+The stated bound (README, "Limits"; ``nvrm.serve.admission.budget``): resident memory stays within the idle
 process plus ``--max-inflight-mb``, ``--context-cache-mb``, ``--context-store-mb`` and
 ``--prefix-cache-mb`` (the model is on the CPU here), plus a decoded frame per worker and the forward
 pass's activations (small for the tiny model; the margin below covers them). The load is the one that

@@ -16,7 +16,7 @@ import torch
 from helpers import InProcessServer, free_port
 from nvrm import Clip, RewardModel
 from nvrm.errors import RewardFnError
-from nvrm.serve.model_swap import ADMIN_HEADER
+from nvrm.serve.models.model_swap import ADMIN_HEADER
 from nvrm.synth.clips import moving_square
 
 KEY = "round5-admin"

@@ -104,7 +104,7 @@ def test_a_stopped_decode_worker_is_killed_replaced_and_its_rollouts_scored(deco
 
 
 def test_a_worker_that_hangs_on_every_try_fails_its_rollouts_in_one_line(decoding, monkeypatch):
-    from nvrm.serve.decode_workers import DecodeWorker
+    from nvrm.serve.protocols.cosmos.decode_workers import DecodeWorker
 
     s = decoding
     worker = s.app.state.jobs.decodes.workers[0]
@@ -166,7 +166,7 @@ def exported(src: Path, dest: Path, when: str | None) -> Path:
 
 
 def test_watch_takes_the_newest_export_by_its_record_not_by_file_times(tmp_path, tiny_bundle):
-    from nvrm.serve.model_watch import bundle_in
+    from nvrm.serve.models.model_watch import bundle_in
 
     out = tmp_path / "exports"
     out.mkdir()
@@ -205,7 +205,7 @@ def test_nvrm_train_exports_record_their_export_time(tmp_path, tiny_bundle):
 
     from datetime import datetime
 
-    from nvrm.serve.model_watch import bundle_in
+    from nvrm.serve.models.model_watch import bundle_in
     from nvrm.train.export import export_bundle
 
     def export(name: str) -> Path:
@@ -251,7 +251,7 @@ def fifo_bundles(bundles) -> tuple[Path, Path]:
 
 
 def test_special_files_are_named_without_opening_them(bundles):
-    from nvrm.serve.model_swap import special_file
+    from nvrm.serve.models.model_swap import special_file
 
     fifo_bundle, nested = fifo_bundles(bundles)
     assert "extra.safetensors is a FIFO, not a regular file" in special_file(fifo_bundle)

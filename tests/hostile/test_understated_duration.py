@@ -11,7 +11,7 @@ import pytest
 from nvrm.contract import Contract
 from nvrm.errors import InputError
 from nvrm.limits import Limits
-from nvrm.serve.budget import sampled_frames
+from nvrm.serve.admission.budget import sampled_frames
 from nvrm.synth.clips import moving_square, write_video
 from nvrm.video.decode import declared_duration, read_sampled
 

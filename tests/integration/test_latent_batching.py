@@ -19,7 +19,7 @@ def decoder(tmp_path_factory):
     import torch
     from diffusers import AutoencoderKLWan
 
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("wan") / "tiny-wan2.1-vae"
@@ -45,7 +45,7 @@ def test_a_rollout_decodes_alike_alone_and_in_any_batch(decoder):
 
 
 def test_the_decode_queue_batches_requests_and_keeps_their_frames(decoder):
-    from nvrm.serve.latents import DecodeQueue
+    from nvrm.serve.protocols.cosmos.latents import DecodeQueue
 
     q = DecodeQueue(decoder, gather_s=0.5, gather_max_s=5.0)  # generous: the 4 submits below land in one batch
     try:
@@ -100,7 +100,7 @@ def test_a_cpu_decode_runs_on_one_thread_and_gives_the_threads_back(decoder):
 
 @pytest.fixture(scope="module")
 def workers(decoder):
-    from nvrm.serve.decode_workers import start_workers
+    from nvrm.serve.protocols.cosmos.decode_workers import start_workers
 
     ws = start_workers(decoder.path, 2)
     yield ws
@@ -110,7 +110,7 @@ def workers(decoder):
 
 @pytest.mark.slow
 def test_decode_workers_split_a_group_and_give_the_frames_of_the_decoder_in_process(decoder, workers):
-    from nvrm.serve.latents import DecodeQueue
+    from nvrm.serve.protocols.cosmos.latents import DecodeQueue
 
     sizes: list[int] = []
     for w in workers:  # each batch's rows, as the workers receive them
@@ -140,7 +140,7 @@ def test_a_decode_worker_killed_mid_batch_loses_no_rollout_and_starts_again(deco
     import signal
     import time
 
-    from nvrm.serve.latents import DecodeQueue
+    from nvrm.serve.protocols.cosmos.latents import DecodeQueue
 
     w = workers[0]
     big = np.random.default_rng(5).standard_normal((2, 16, 9, 8, 12)).astype(np.float16)  # about a second of decoding
@@ -160,7 +160,7 @@ def test_a_decode_worker_killed_mid_batch_loses_no_rollout_and_starts_again(deco
 
 def test_a_vae_folder_a_worker_cannot_load_is_one_line_naming_it(tmp_path):
     from nvrm.errors import ConfigError
-    from nvrm.serve.decode_workers import start_workers
+    from nvrm.serve.protocols.cosmos.decode_workers import start_workers
 
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError) as e:

@@ -135,7 +135,7 @@ def test_an_unreachable_redis_at_start_is_one_line_naming_the_url(model, capsys)
 
 
 def test_the_first_result_wins_and_an_expired_lease_goes_back_to_the_queue(redis):
-    from nvrm.serve.redis_jobs import RedisJobStore
+    from nvrm.serve.jobs.redis_store import RedisJobStore
 
     store = RedisJobStore(redis.url, "t", max_jobs=4, ttl_s=60, max_result_bytes=10_000, lease_s=0.3, admit_grace_s=60)
     store.bind("rev")
@@ -151,7 +151,7 @@ def test_the_first_result_wins_and_an_expired_lease_goes_back_to_the_queue(redis
 
 
 def test_one_prompts_rollouts_are_taken_together(redis):
-    from nvrm.serve.redis_jobs import RedisJobStore
+    from nvrm.serve.jobs.redis_store import RedisJobStore
 
     store = RedisJobStore(redis.url, "t", max_jobs=16, ttl_s=60, max_result_bytes=10_000, lease_s=30, admit_grace_s=60)
     store.bind("rev")

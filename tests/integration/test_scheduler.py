@@ -8,11 +8,11 @@ import pytest
 
 from helpers import GROUP_ULPS, bf16_ulp
 from nvrm import Clip
-from nvrm.serve.contexts import ContextCache, PrefixCache
-from nvrm.serve.media import Media
+from nvrm.serve.batching.contexts import ContextCache, PrefixCache
+from nvrm.serve.admission.media import Media
 from nvrm.serve.metrics import Metrics
 from nvrm.errors import Expired, InputError, ShuttingDown
-from nvrm.serve.scheduler import Scheduler
+from nvrm.serve.batching.scheduler import Scheduler
 from nvrm.synth.clips import moving_square
 
 CTX = Clip(moving_square(8, 64, 80, seed=1), fps=4)

@@ -57,7 +57,7 @@ def _expected(model, decoder, latents: np.ndarray, per_request: int, clip: bool 
     """In-process scores of the frames the server decodes (requests of ``per_request`` videos), clipped as cosmos-rl does."""
     from nvrm import Clip
 
-    # one call: a rollout decodes to the same frames alone or in any batch (nvrm.serve.latents), however the server batched them
+    # one call: a rollout decodes to the same frames alone or in any batch (nvrm.serve.protocols.cosmos.latents), however the server batched them
     frames = decoder.decode(latents)[0]
     assert all(np.array_equal(f[:1], frames[0][:1]) for f in frames)  # one conditioning frame: one context
     results = model.score_group(PROMPT, Clip(frames[0][:1], 16.0), [Clip(f[1:], 16.0) for f in frames])
@@ -65,7 +65,7 @@ def _expected(model, decoder, latents: np.ndarray, per_request: int, clip: bool 
 
 
 def test_cosmos_rl_client_code_gets_nvrm_rewards(cosmos_site, vae, demo, tmp_path):
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     model = demo[0]
     server = Server(model.path, "--latent-decoder", vae, "--api-key-env", "NVRM_COSMOS_KEY", env={"NVRM_COSMOS_KEY": "s3cret"})
@@ -87,7 +87,7 @@ def test_cosmos_rl_client_code_gets_nvrm_rewards(cosmos_site, vae, demo, tmp_pat
     assert result["calculator"] == _expected(model, decoder, np.load(out / "calculator.npy"), 3)  # one request of 3
     assert not_ready > 0  # a pull before the rewards were ready got 425, and the client retried through it
     # the group's 8 requests shared the context's prefill: in one group (their latents decode in one batch and reach the
-    # scheduler together, nvrm.serve.latents.DecodeQueue), or from the kept prefix when one arrives later
+    # scheduler together, nvrm.serve.protocols.cosmos.latents.DecodeQueue), or from the kept prefix when one arrives later
     assert shared + prefix_hits >= 7
     assert "401" in result["wrong_token"]  # no token, no rewards: raised at once, not retried
     assert result["decoder_max_abs_diff"] <= 1e-6  # cosmos-rl's Wan2.1 decoder and diffusers' agree
@@ -125,7 +125,7 @@ def test_cosmos_rl_reward_fn_naming_two_served_models_gets_both_score_sets(cosmo
     import torch
 
     from nvrm import RewardModel
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
     from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 
     other = build_tiny_bundle(tmp_path / "mine", ArchSpec(seed=7))

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.trainers, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def test_cosmos_rl_client_code_gets_every_reward_from_two_ray_replicas(cosmos_site, vae, demo, tmp_path):  # noqa: F811
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     model = demo[0]
     with RedisServer(tmp_path / "redis") as redis:

@@ -213,7 +213,7 @@ def test_cosmos_48_channel_latents_decode_with_a_wan22_vae_and_are_refused_witho
 
     from helpers import InProcessServer
     from nvrm import Clip
-    from nvrm.serve.latents import LatentDecoder
+    from nvrm.serve.protocols.cosmos.latents import LatentDecoder
 
     model = demo[0]
     latents = np.random.default_rng(0).standard_normal((2, 48, 4, 4, 6)).astype(np.float32)  # -> 13 frames of 64 x 96

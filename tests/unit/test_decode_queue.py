@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from nvrm.serve.latents import DecodeQueue
+from nvrm.serve.protocols.cosmos.latents import DecodeQueue
 
 
 RUNNING = {"now": 0, "most": 0}
@@ -87,7 +87,7 @@ def test_the_number_of_decode_workers():
 
     from nvrm.errors import ConfigError
     from nvrm.serve.config import ServeConfig
-    from nvrm.serve.decode_workers import auto_workers
+    from nvrm.serve.protocols.cosmos.decode_workers import auto_workers
 
     assert [auto_workers(t) for t in (0, 1, 2, 3, 16)] == [1, 1, 2, 3, 4]  # one per torch thread, at most 4
     assert ServeConfig(decode_workers=0).decode_workers == 0

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from nvrm.serve.contexts import PrefixCache, prefix_bytes
+from nvrm.serve.batching.contexts import PrefixCache, prefix_bytes
 
 
 def fake_prefix(tokens: int, lengths=(100,)):
@@ -64,7 +64,7 @@ def _video(nbytes: int):
 def test_the_context_cache_never_holds_more_than_its_budget():
     from concurrent.futures import Future
 
-    from nvrm.serve.contexts import ContextCache
+    from nvrm.serve.batching.contexts import ContextCache
 
     def done(value):
         f: Future = Future()
@@ -88,7 +88,7 @@ def test_the_context_cache_never_holds_more_than_its_budget():
 
 
 def test_the_one_byte_lru_behind_the_caches():
-    from nvrm.serve.lru import ByteLRU
+    from nvrm.serve.batching.lru import ByteLRU
 
     looks = []
     lru = ByteLRU(100, looks.append)

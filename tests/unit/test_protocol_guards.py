@@ -16,8 +16,8 @@ import pytest
 
 from nvrm.errors import BackendError, BackendUnavailable, InputError, RequestError
 from nvrm.forward.vllm_backend import HttpVllm, VllmRequest
-from nvrm.serve.drm_routes import safetensors_header
-from nvrm.serve.unirl_routes import answer, pickled
+from nvrm.serve.protocols.drm import safetensors_header
+from nvrm.serve.protocols.unirl import answer, pickled
 
 
 def one_line(e: BaseException) -> str:
@@ -81,7 +81,7 @@ def test_a_unirl_answer_for_a_request_with_a_non_list_required_rewards(wanted):
 
 
 def test_a_swap_body_nested_100k_deep_is_a_400():
-    from nvrm.serve.model_swap import swap_body
+    from nvrm.serve.models.model_swap import swap_body
 
     with pytest.raises(RequestError) as e:
         swap_body(b"[" * 100_000 + b"]" * 100_000)
@@ -89,7 +89,7 @@ def test_a_swap_body_nested_100k_deep_is_a_400():
 
 
 def test_a_swap_path_with_a_nul_byte_is_a_400(tmp_path):
-    from nvrm.serve.model_swap import allowed_path
+    from nvrm.serve.models.model_swap import allowed_path
 
     serving = types.SimpleNamespace(config=types.SimpleNamespace(allow_dirs=(str(tmp_path),)))
     with pytest.raises(RequestError) as e:
@@ -101,7 +101,7 @@ def test_a_swap_path_with_a_nul_byte_is_a_400(tmp_path):
 def test_a_swap_repo_that_is_no_hub_repo_id_is_a_400_before_any_download(repo, monkeypatch):
     import huggingface_hub
 
-    from nvrm.serve.model_swap import from_hub
+    from nvrm.serve.models.model_swap import from_hub
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kw: pytest.fail("reached the Hub"))
     with pytest.raises(RequestError) as e:

@@ -1,6 +1,6 @@
-"""The bookkeeping of a rolling swap over Ray Serve replicas (``nvrm.serve.ray_swaps.Rollout``), without Ray."""
+"""The bookkeeping of a rolling swap over Ray Serve replicas (``nvrm.serve.ray.rolling_swap.Rollout``), without Ray."""
 
-from nvrm.serve.ray_swaps import STALE_S, Rollout
+from nvrm.serve.ray.rolling_swap import STALE_S, Rollout
 
 
 class Clock:

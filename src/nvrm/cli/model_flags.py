@@ -13,7 +13,7 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True, *, named: 
     from ..settings import LoadSettings
     from .options import add_dataclass_args
 
-    if named:  # nvrm serve: several models by name (nvrm.serve.models)
+    if named:  # nvrm serve: several models by name (nvrm.serve.models.registry)
         p.add_argument("--model", required=required, action="append", help="bundle directory, or NAME=DIR (repeatable; the first is the default)")
     else:
         p.add_argument("--model", required=required, help="bundle directory (or Hub repo id)")

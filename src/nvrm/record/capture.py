@@ -80,7 +80,7 @@ def from_serve(config: Any) -> Recorder | None:
 
 
 def offer_work(recorder: Recorder | None, work: Any, results: Sequence[Any], model: Any) -> None:
-    """Record a served request (``nvrm.serve.requests.Work``) and its results; a no-op without ``--record``."""
+    """Record a served request (``nvrm.serve.admission.requests.Work``) and its results; a no-op without ``--record``."""
     if recorder is None:
         return
     try:

@@ -1,5 +1,5 @@
 """``nvrm refresh --serve URL``: after a passed gate and its export, swap the exported bundle into a running
-``nvrm serve`` through its admin route (``PUT /v1/models/{name}`` with the admin key, ``nvrm.serve.model_swap``).
+``nvrm serve`` through its admin route (``PUT /v1/models/{name}`` with the admin key, ``nvrm.serve.models.model_swap``).
 
 Every reward the server gives from then on carries the new revision, and so does every row its
 ``--record`` writes (each row stamps the revision that scored it). The cycle keeps what it did in
@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import ConfigError, RefreshError
 
 ADMIN_HEADER = "X-Nvrm-Admin-Key"
-"""The header ``nvrm serve`` reads the admin key from (``nvrm.serve.model_swap.ADMIN_HEADER``)."""
+"""The header ``nvrm serve`` reads the admin key from (``nvrm.serve.models.model_swap.ADMIN_HEADER``)."""
 
 
 def _base(url: str) -> str:
@@ -87,7 +87,7 @@ def _serving(listing: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 def manifest_digest(bundle: str | Path) -> str | None:
     """The sha256 of the bundle's integrity manifest: the revision ``nvrm serve`` names a bundle by (its answers'
-    ``revision``, ``nvrm.serve.models.manifest_sha256``); None without one."""
+    ``revision``, ``nvrm.serve.models.registry.manifest_sha256``); None without one."""
     import hashlib
 
     from ..bundle import MANIFEST_NAMES

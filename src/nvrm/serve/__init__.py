@@ -1,14 +1,16 @@
 """The reward service: HTTP API, dynamic batching across requests, shared contexts, limits, metrics.
 
-It imports the scoring library; the library never imports it.
+It imports the scoring library; the library never imports it. The face (this folder's own modules) holds the
+settings (``config``), the metrics, the logic object (``serving``), the app (``app``) and the process
+(``launcher``: ``launch(model_or_loader, config)``, what ``nvrm serve`` calls). Each sub-folder is one room:
 
-- ``launcher.py``: ``launch(model_or_loader, config)``: uvicorn, the signals, the one drain, the exit (``nvrm serve``);
-- ``app.py``: ``create_app`` (state, middleware, routes, lifespan);
-- ``routes.py`` / ``cosmos_routes.py`` / ``middleware.py``: one router per protocol (``/v1``, ``/v1/jobs``, cosmos-rl's
-  ``/api/reward``); auth, metrics, JSON errors;
-- ``transport.py`` / ``media.py``: bodies (JSON or multipart) and VIDEO objects, parsed off the event loop;
-- ``scheduler.py`` / ``contexts.py``: cross-request batching, shared contexts, deadlines, drain;
-- ``ray_serve.py``: the same app as Ray Serve replicas.
+- ``http/``: reading bodies, the middleware (auth, metrics, JSON errors), replies, shared error responses;
+- ``admission/``: decoding requests and their media, the byte budget, giving memory back;
+- ``batching/``: the scheduler, the scorer thread's execution, the kept contexts and prefixes;
+- ``models/``: the named models and their weights, swapping them (``PUT /v1/models/NAME``, ``--watch``);
+- ``jobs/``: submit now, fetch later, in this process or in Redis for every replica;
+- ``protocols/``: nvrm's ``/v1``, UniRL, verl-omni's DRM scorer, cosmos-rl's reward service;
+- ``ray/``: the same app as Ray Serve replicas, swaps rolled over them.
 """
 
 from .config import ServeConfig

@@ -20,11 +20,15 @@ from fastapi.openapi.utils import get_openapi
 
 from ..errors import NvrmError
 from ..protocol import GroupRequest, ScoreRequest
-from . import cosmos_routes, drm_routes, middleware, routes, unirl_routes
+from .protocols.cosmos import cosmos_routes
+from .protocols import drm as drm_routes
+from .http import middleware
+from .protocols import native as routes
+from .protocols import unirl as unirl_routes
 from .config import ServeConfig
-from .job_service import JobService
-from .model_swap import models_router
-from .models import MultiServing, NamedModels
+from .jobs.job_service import JobService
+from .models.model_swap import models_router
+from .models.registry import MultiServing, NamedModels
 from .serving import Serving  # noqa: F401  (the single-model service; MultiServing extends it)
 
 log = logging.getLogger(__name__)
@@ -92,7 +96,7 @@ def create_app(model_or_loader: Any, config: ServeConfig, *, on_fatal: Callable[
         app.include_router(router)
     for router in (unirl_routes.unirl_router(state), drm_routes.drm_router(state)):  # UniRL's and verl-omni's (issue 41)
         app.include_router(router)
-    app.include_router(models_router(state, swap))  # GET /v1/models, PUT /v1/models/{name} (nvrm.serve.model_swap)
+    app.include_router(models_router(state, swap))  # GET /v1/models, PUT /v1/models/{name} (nvrm.serve.models.model_swap)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -113,7 +117,7 @@ def _watcher(state: MultiServing, config: ServeConfig):
     """The ``--watch`` poller (``model_watch.Watcher``), its names checked against the served ones; None without ``--watch``."""
     if not config.watch:
         return None
-    from .model_watch import Watcher, parse_watch_specs
+    from .models.model_watch import Watcher, parse_watch_specs
 
     watcher = Watcher(state, parse_watch_specs(config.watch), config.watch_interval_s)
     watcher.check_names(state.names)

@@ -181,7 +181,7 @@ class ServeConfig:
             if name.endswith("_mb") and value > MAX_MB:
                 raise ConfigError(f"{name}={value!r} is more than {MAX_MB} MiB; give the memory this server may use")
         if self.job_store != "memory" and not self.job_store.startswith(("redis://", "rediss://", "unix://")):
-            from .redis_jobs import redacted
+            from .jobs.redis_store import redacted
 
             raise ConfigError(f"--job-store {redacted(self.job_store)!r}: use memory, or redis://HOST:PORT/DB for a store every "
                               "replica shares")

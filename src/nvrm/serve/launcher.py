@@ -59,10 +59,10 @@ def launch(model_or_loader: Any, config: ServeConfig = ServeConfig(), *, announc
     import uvicorn
 
     from .app import create_app
-    from .memory import tune
-    from .middleware import answer_overload_as_json
+    from .admission.memory import tune
+    from .http.middleware import answer_overload_as_json
 
-    tune()  # before the model loads: large buffers mapped on their own, few arenas (nvrm.serve.memory)
+    tune()  # before the model loads: large buffers mapped on their own, few arenas (nvrm.serve.admission.memory)
     fatal: list[str] = []
     server: Any = None
 

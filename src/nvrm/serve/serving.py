@@ -24,13 +24,13 @@ from typing import Any, Awaitable, Callable
 from ..errors import BackendUnavailable, InputError, RequestError, ShuttingDown
 from ..protocol import INPUT_CODES, ErrorCode, error_body
 from ..results import item_dict
-from .budget import ByteBudget
+from .admission.budget import ByteBudget
 from .config import ServeConfig
-from .contexts import ContextCache, ContextStore, PrefixCache
-from .memory import Trimmer
+from .batching.contexts import ContextCache, ContextStore, PrefixCache
+from .admission.memory import Trimmer
 from .metrics import Metrics
-from .requests import Work, parse_upload, parse_work
-from .scheduler import Scheduler
+from .admission.requests import Work, parse_upload, parse_work
+from .batching.scheduler import Scheduler
 from ..record import capture as record_capture
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Serving:
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
-        # freed memory goes back to the system once nothing is in flight (nvrm.serve.memory)
+        # freed memory goes back to the system once nothing is in flight (nvrm.serve.admission.memory)
         self.trimmer = Trimmer(lambda: self.budget.used == 0)
         self.budget = ByteBudget(int(config.max_inflight_mb * 1024 * 1024), on_release=self.trimmer.touch)
         self.metrics = Metrics(

@@ -54,7 +54,7 @@ def export_bundle(
 ) -> Path:
     """Write ``out`` atomically: sharded backbone, head, assets, training record, manifest. The training record holds
     ``exported_at`` (UTC, ISO 8601): the order ``nvrm serve --watch`` takes the newest export by, which file-system
-    housekeeping cannot change (nvrm.serve.model_watch)."""
+    housekeeping cannot change (nvrm.serve.models.model_watch)."""
     from datetime import datetime, timezone
 
     out = Path(out)

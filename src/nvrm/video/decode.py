@@ -177,7 +177,7 @@ _SHORTFALL_S = 0.5
 def declared_bound(declared: float) -> float:
     """Latest frame time (s) a context whose header declares ``declared`` seconds may have: a frame past
     it means the header understates the video, and decoding stops there (the service reserves memory
-    by this bound, ``nvrm.serve.budget``)."""
+    by this bound, ``nvrm.serve.admission.budget``)."""
     return declared + max(_SHORTFALL_S, _SHORTFALL_FRACTION * declared)
 
 

@@ -29,10 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..bundle import MANIFEST_NAMES
-from ..errors import ConfigError
-from ..protocol import ErrorCode
-from .config import parse_watch_specs  # noqa: F401  (the --watch values, parsed where they are validated)
+from ...bundle import MANIFEST_NAMES
+from ...errors import ConfigError
+from ...protocol import ErrorCode
+from ..config import parse_watch_specs  # noqa: F401  (the --watch values, parsed where they are validated)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Watcher:
     async def poll(self) -> list[str]:
         """One look at every watched folder; returns the names swapped."""
         from .model_swap import swap
-        from .models import manifest_sha256
+        from .registry import manifest_sha256
 
         swapped: list[str] = []
         if self.serving.not_ready() is not None:

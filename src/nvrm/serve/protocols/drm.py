@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
-from ..clip import Clip
-from ..errors import RequestError
-from ..protocol import INPUT_CODES, ErrorCode, Video
-from .budget import prepared_bytes
-from .media import Media, to_media
-from .requests import Work
-from .routes import _ERRORS, body_of, response
-from .serving import Body, Reply, Serving
-from .unirl_routes import pickle_refusal, pickled, token_refusal
+from ...clip import Clip
+from ...errors import RequestError
+from ...protocol import INPUT_CODES, ErrorCode, Video
+from ..admission.budget import prepared_bytes
+from ..admission.media import Media, to_media
+from ..admission.requests import Work
+from .native import _ERRORS, body_of, response
+from ..serving import Body, Reply, Serving
+from .unirl import pickle_refusal, pickled, token_refusal
 
 PROTOCOL_VERSION = "1"
 PROTOCOL_HEADER = "x-drm-protocol-version"

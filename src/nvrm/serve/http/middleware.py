@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..protocol import error_body
+from ...protocol import error_body
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..engine import PreparedGroup
-from ..engine.workers import unexpected
-from ..errors import Expired, ShuttingDown
+from ...engine import PreparedGroup
+from ...engine.workers import unexpected
+from ...errors import Expired, ShuttingDown
 from .contexts import ContextCache, PrefixCache
 from .execution import Execution, resolve as _resolve
-from .media import Media
-from .metrics import Metrics
+from ..admission.media import Media
+from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 

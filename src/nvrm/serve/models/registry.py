@@ -19,14 +19,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ConfigError, RequestError
-from ..protocol import ErrorCode
-from ..results import item_dict
-from .config import ServeConfig
-from .contexts import ContextCache, PrefixCache
-from .requests import Work
-from .scheduler import Scheduler
-from .serving import Reply, Serving
+from ...errors import ConfigError, RequestError
+from ...protocol import ErrorCode
+from ...results import item_dict
+from ..config import ServeConfig
+from ..batching.contexts import ContextCache, PrefixCache
+from ..admission.requests import Work
+from ..batching.scheduler import Scheduler
+from ..serving import Reply, Serving
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def parse_model_specs(values: list[str] | str) -> list[tuple[str, str]]:
 
 def manifest_sha256(path: str | Path | None) -> str | None:
     """The sha256 of a bundle's integrity manifest (its revision here), or None when it has none."""
-    from ..bundle import MANIFEST_NAMES
+    from ...bundle import MANIFEST_NAMES
 
     for name in MANIFEST_NAMES if path is not None else ():
         f = Path(path) / name  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ def model_bytes(model) -> int:
 
 def bundle_weight_bytes(path: str | Path) -> int:
     """Bytes of the tensors a bundle's ``*.safetensors`` files declare, from their headers alone (nothing is loaded)."""
-    from ..bundle.safetensors_header import declared_bytes
+    from ...bundle.safetensors_header import declared_bytes
 
     return sum(declared_bytes(f) for f in sorted(Path(path).glob("*.safetensors")))
 
@@ -401,7 +401,7 @@ class MultiServing(Serving):
             "contract": m.fingerprint,
             "replica": self.replica,
         }
-        from ..protocol import INPUT_CODES
+        from ...protocol import INPUT_CODES
 
         failed_on_input = rows and all(r.get("error", {}).get("code") in INPUT_CODES for r in rows)
         return Reply(422 if failed_on_input else 200, body)

@@ -22,7 +22,7 @@ is dropped). PyTorch runs a small 3D convolution of one row on its own im2col ke
 and the two kernels round differently; oneDNN's rows do not depend on the batch (checked for batches of 1 to 8 on the
 tiny VAE, ``tests/integration/test_latent_batching.py``). And a CPU VAE call runs on one intra-op thread
 (``CPU_THREADS``), so the frames do not depend on the machine's core count either; the service decodes several batches
-at once in worker processes instead (nvrm.serve.decode_workers). On a GPU (cuDNN, bfloat16) batch invariance was not
+at once in worker processes instead (nvrm.serve.protocols.cosmos.decode_workers). On a GPU (cuDNN, bfloat16) batch invariance was not
 measured; the rule there is the same code path, one VAE call per batch.
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, InputError
+from ....errors import ConfigError, InputError
 
 CHANNELS = 16
 """Wan2.1 latent channels."""
@@ -91,7 +91,7 @@ CPU_THREADS = 1
 about 1 in 10,000 on the tiny VAE), and a second thread does not make the decode faster (thousands of small operations:
 6.9 s and 7.0 s for 8 rollouts on 2 cores), while two calls side by side take the time of one. So every CPU decode runs
 on one thread, whatever the machine's core count, and the service gets its speed from several calls at once
-(nvrm.serve.decode_workers)."""
+(nvrm.serve.protocols.cosmos.decode_workers)."""
 OUTPUT_BYTES = 8 + 2
 """Per decoded value: diffusers' float32 output twice (its frame-by-frame ``torch.cat``, then the clamp's
 copy), and the uint8 frames twice (levels, then the channels-last copy)."""
@@ -262,7 +262,7 @@ class DecodeQueue:
     as one batch.
 
     ``workers`` are what decode (``decode_batch`` as ``LatentDecoder``'s): the decoder itself by default (one thread),
-    or worker processes (nvrm.serve.decode_workers), one thread each. A batch goes to one worker, and a group's rows are
+    or worker processes (nvrm.serve.protocols.cosmos.decode_workers), one thread each. A batch goes to one worker, and a group's rows are
     split in equal shares, one per worker (8 rows, 2 workers: 4 each), so a group decodes on every worker at once.
 
     It is the first stage of a pipeline: while the scorer thread scores one group's frames, the workers decode the next

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RequestError
+from ....errors import RequestError
 from .latents import CHANNELS, SPATIAL_OF, decoded_bytes, frames_of
-from .media import npy_header
-from .transport import parse_json
+from ...admission.media import npy_header
+from ...http.transport import parse_json
 
 REWARD_NAMES = ("nvrm",)
 """The ``reward_fn`` names a server of one unnamed model computes; with ``--model NAME=DIR`` they are the served names."""

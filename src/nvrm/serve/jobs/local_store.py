@@ -94,7 +94,7 @@ class JobStore:
             try:
                 result = await work()
             except Exception as e:  # noqa: BLE001 - a job always ends with a result
-                from ..errors import InternalError
+                from ...errors import InternalError
 
                 result = InternalError.wrap(e)
             finally:

@@ -27,8 +27,8 @@ import signal
 import sys
 import threading
 
-from ..errors import InputError
-from ..protocol import ROUTE_HEADER
+from ...errors import InputError
+from ...protocol import ROUTE_HEADER
 
 
 def _require_serve():
@@ -57,9 +57,9 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
     folder, or ``[(name, folder)]`` for several models by name (the first the default, as ``--model NAME=DIR``).
     ``rollout``: the handle of a ``ray_swaps.Rollout`` actor, with which the replicas roll swaps (``--admin-key-env``)."""
     _, serve = _require_serve()
-    from ..scoring.reward_model import RewardModel
-    from .app import create_app
-    from .models import NamedModels
+    from ...scoring.reward_model import RewardModel
+    from ..app import create_app
+    from ..models.registry import NamedModels
 
     named = not isinstance(bundle, str)
     specs = list(bundle) if named else [("nvrm", bundle)]
@@ -98,7 +98,7 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
             served = NamedModels(self.specs, self.models.__getitem__) if named else self.model
             rolling = {}
             if self.rollout is not None:
-                from .ray_swaps import poll, rolling_swap
+                from .rolling_swap import poll, rolling_swap
 
                 rid, rollout = self.config.replica_id, self.rollout
                 rolling = {"swap": rolling_swap(rollout, rid), "background": [lambda state: poll(rollout, rid, state)]}
@@ -134,19 +134,19 @@ def serve_on_ray(
     ray, serve = _require_serve()
     if replicas < 1:
         raise InputError(f"--replicas {replicas}", "must be at least 1")
-    from ..bundle import resolve_bundle
+    from ...bundle import resolve_bundle
 
     specs = [("nvrm", bundle)] if isinstance(bundle, str) else list(bundle)
     resolved = [(name, str(resolve_bundle(where, settings.revision))) for name, where in specs]
     if config.job_store != "memory":  # unreachable: one line naming the URL and exit 2, before any replica starts
-        from .redis_jobs import connect
+        from ..jobs.redis_store import connect
 
         connect(config.job_store).close()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     rollout = None
-    if config.admin_key is not None:  # PUT /v1/models/NAME rolls over the replicas (nvrm.serve.ray_swaps)
-        from .ray_swaps import Rollout
+    if config.admin_key is not None:  # PUT /v1/models/NAME rolls over the replicas (nvrm.serve.ray.rolling_swap)
+        from .rolling_swap import Rollout
 
         rollout = ray.remote(num_cpus=0)(Rollout).remote({name: where for name, where in resolved})
     serve.start(http_options={"host": config.host, "port": config.port})

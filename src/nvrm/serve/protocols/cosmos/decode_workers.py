@@ -12,7 +12,7 @@ frames the same on a machine of any core count) and runs several calls at once, 
   two workers, and each rollout's frames are those of ``LatentDecoder.decode`` in process, bit for bit (rows do not
   depend on their batch, ``tests/integration/test_latent_batching.py``).
 
-The worker is ``python -m nvrm.serve.decode_workers FOLDER``, started by the server. The two talk over the worker's
+The worker is ``python -m nvrm.serve.protocols.cosmos.decode_workers FOLDER``, started by the server. The two talk over the worker's
 stdin and stdout: each message a length and its bytes, the headers JSON, the latents and frames raw arrays (nothing is
 pickled). A worker that dies during a batch is started again and given the batch once more; one that dies on it twice
 fails only that batch, whose requests ``DecodeQueue`` then decodes one by one, so a rollout that kills the worker
@@ -40,7 +40,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, InputError, InternalError, WorkerLost
+from ....errors import ConfigError, InputError, InternalError, WorkerLost
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class DecodeWorker:
 
     def start(self) -> None:
         """Start the process; ``ready`` waits for its answer."""
-        cmd = [sys.executable, "-m", "nvrm.serve.decode_workers", self.path]
+        cmd = [sys.executable, "-m", "nvrm.serve.protocols.cosmos.decode_workers", self.path]
         # a session of its own: a Ctrl-C to the server's terminal reaches the server, which drains and closes the
         # worker, not the worker mid-batch; the worker also exits when the server's end of its stdin closes
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, start_new_session=True)

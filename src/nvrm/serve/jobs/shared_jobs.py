@@ -29,15 +29,15 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from ..errors import InputError, RequestError, Unavailable
-from ..protocol import ErrorCode, error_body
-from ..results import one_line
-from .contexts import ContextStore
-from .cosmos import Rollouts, parse_enqueue
-from .models import DEFAULT_NAME
-from .redis_jobs import RETRY_AFTER_S, RedisJobStore, Taken
-from .requests import parse_work
-from .serving import Reply
+from ...errors import InputError, RequestError, Unavailable
+from ...protocol import ErrorCode, error_body
+from ...results import one_line
+from ..batching.contexts import ContextStore
+from ..protocols.cosmos.wire import Rollouts, parse_enqueue
+from ..models.registry import DEFAULT_NAME
+from .redis_store import RETRY_AFTER_S, RedisJobStore, Taken
+from ..admission.requests import parse_work
+from ..serving import Reply
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import os
 import time
 from typing import Any
 
-from ..protocol import ErrorCode
-from .serving import Reply
+from ...protocol import ErrorCode
+from ..serving import Reply
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def serving_paths(serving) -> dict[str, str]:
 
 async def poll(rollout, replica: str, serving) -> None:
     """A replica's part in every roll (a task of its app's lifespan): swap in its turn, report, repeat."""
-    from .model_swap import swap
+    from ..models.model_swap import swap
 
     while True:
         await asyncio.sleep(POLL_S)
@@ -175,7 +175,7 @@ def _outcome(reply: Reply) -> tuple[bool, str]:
 def rolling_swap(rollout, replica: str, *, timeout_s: float = 1800.0):
     """The ``PUT /v1/models/{name}`` of a replica under Ray Serve: this replica swaps first, then the others in turn;
     answers once every replica serves the new folder (or the roll was undone)."""
-    from .model_swap import swap
+    from ..models.model_swap import swap
 
     async def run(serving, name: str, where: str) -> Reply:
         started = await rollout.begin.remote(replica, name, where)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..errors import RequestError
-from ..protocol import ErrorResponse
-from .job_service import JobService
-from .requests import read_pull
-from .routes import _ERRORS, body_of, response
+from ....errors import RequestError
+from ....protocol import ErrorResponse
+from ...jobs.job_service import JobService
+from ...admission.requests import read_pull
+from ..native import _ERRORS, body_of, response
 
 
 def cosmos_router(jobs: JobService) -> APIRouter:

@@ -11,12 +11,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..protocol import ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse
-from .config import ServeConfig
-from .metrics import CONTENT_TYPE_LATEST
-from .job_service import JobService
-from .serving import Body, Reply, Serving
-from .transport import read_body
+from ...protocol import ErrorResponse, GroupRequest, ScoreRequest, ScoreResponse
+from ..config import ServeConfig
+from ..metrics import CONTENT_TYPE_LATEST
+from ..jobs.job_service import JobService
+from ..serving import Body, Reply, Serving
+from ..http.transport import read_body
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 415, 503, 504)}
 

@@ -14,13 +14,13 @@ from collections import defaultdict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wait
 from typing import Any
 
-from ..engine.workers import unexpected
-from ..errors import NvrmError
-from ..forward.batching import plan_batches
+from ...engine.workers import unexpected
+from ...errors import NvrmError
+from ...forward.batching import plan_batches
 from .contexts import PrefixCache
-from .metrics import Metrics
+from ..metrics import Metrics
 
-log = logging.getLogger("nvrm.serve.scheduler")
+log = logging.getLogger("nvrm.serve.batching.scheduler")
 
 FORWARD_LOCK = threading.Lock()
 """One forward pass at a time in the process, whichever model runs it: the models a service holds (several by

@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import InputError, RequestError
-from ..protocol import ContextUpload, ErrorCode, GroupRequest, ScoreRequest, describe_validation_error
+from ...errors import InputError, RequestError
+from ...protocol import ContextUpload, ErrorCode, GroupRequest, ScoreRequest, describe_validation_error
 from .budget import prepared_bytes
 from .media import HASH_SECONDS, Media, ref_of, stored, to_media
-from .transport import parse_body
+from ..http.transport import parse_body
 
 
 class Work:
@@ -28,11 +28,11 @@ class Work:
         self.hash_seconds = 0.0
         """CPU time hashing the contexts for the shared-context cache."""
         self.prepared_bytes = 0
-        """An upper bound of the memory its prepared videos take (``nvrm.serve.budget``)."""
+        """An upper bound of the memory its prepared videos take (``nvrm.serve.admission.budget``)."""
         self.body_bytes = 0
         """The size of the body it was parsed from (its media may be views into it)."""
         self.model: str | None = None
-        """The served model it names (``nvrm.serve.models``); None: the first."""
+        """The served model it names (``nvrm.serve.models.registry``); None: the first."""
         self.expect_revision: str | None = None
         """The revision it must be scored by (409 otherwise); None: any."""
         self.fingerprint: str | None = None
@@ -50,7 +50,7 @@ def parse_work(state, raw: bytes, content_type: str, kind: str) -> Work:
     limits = state.model.limits
     max_items = min(limits.max_request_items, state.config.max_queue_items)
     body = parse_body(raw, content_type, max_items, 2 * limits.max_context_samples)
-    if hasattr(state, "for_payload"):  # several served models (nvrm.serve.models): the one it names parses it
+    if hasattr(state, "for_payload"):  # several served models (nvrm.serve.models.registry): the one it names parses it
         state = state.for_payload(body.payload)
         limits = state.model.limits
     model = ScoreRequest if kind == "score" else GroupRequest
@@ -145,7 +145,7 @@ async def read_pull(request, max_bytes: int, timeout_s: float | None) -> tuple[s
     from starlette.formparsers import MultiPartException
     from starlette.requests import Request
 
-    from .transport import read_body
+    from ..http.transport import read_body
 
     raw = bytes(await read_body(request, min(max_bytes, PULL_BODY_BYTES), timeout_s))
 

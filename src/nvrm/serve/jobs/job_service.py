@@ -14,16 +14,16 @@ import hashlib
 import time
 from typing import Any
 
-from ..clip import Clip
-from ..errors import RequestError
-from ..protocol import ErrorCode, error_body
-from ..results import item_dict, one_line
-from .budget import frame_bytes
-from .cosmos import Rollouts, frames_view, media_rules, parse_enqueue
-from .job_store import JobStore
-from .media import Media
-from .requests import Work, parse_work
-from .serving import Body, Reply, Serving
+from ...clip import Clip
+from ...errors import RequestError
+from ...protocol import ErrorCode, error_body
+from ...results import item_dict, one_line
+from ..admission.budget import frame_bytes
+from ..protocols.cosmos.wire import Rollouts, frames_view, media_rules, parse_enqueue
+from .local_store import JobStore
+from ..admission.media import Media
+from ..admission.requests import Work, parse_work
+from ..serving import Body, Reply, Serving
 
 ADMISSION_RETRY_S = 0.05
 """How often a job waiting for room in the scheduler's queue tries again (an accepted job is never dropped)."""
@@ -39,9 +39,9 @@ class JobService:
         self.decoder = None
         self.decodes = None
         """The ``DecodeQueue`` over ``decoder``: rollouts of every request decoded in batches on their own thread, the
-        first stage of a pipeline whose second is the scorer (nvrm.serve.latents)."""
+        first stage of a pipeline whose second is the scorer (nvrm.serve.protocols.cosmos.latents)."""
         self.shared = None
-        """The Redis store every replica answers (``--job-store redis://``; nvrm.serve.shared_jobs), else None."""
+        """The Redis store every replica answers (``--job-store redis://``; nvrm.serve.jobs.shared_jobs), else None."""
         if c.job_store != "memory":
             from .shared_jobs import SharedJobs
 
@@ -56,7 +56,7 @@ class JobService:
     def install_decoder(self, device) -> None:
         """Load ``--latent-decoder`` on the model's device (once the model is loaded)."""
         if self.serving.config.latent_decoder:
-            from .latents import DecodeQueue, LatentDecoder
+            from ..protocols.cosmos.latents import DecodeQueue, LatentDecoder
 
             path = self.serving.config.latent_decoder
             self.decoder = LatentDecoder(path, device)
@@ -64,7 +64,7 @@ class JobService:
             if self.decoder.device.type == "cpu" and self.serving.config.decode_workers != 0:
                 import torch
 
-                from .decode_workers import auto_workers, start_workers
+                from ..protocols.cosmos.decode_workers import auto_workers, start_workers
 
                 n = self.serving.config.decode_workers
                 workers = start_workers(path, auto_workers(torch.get_num_threads()) if n < 0 else n, self.serving.config.decode_timeout_s)

@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 from fastapi import APIRouter, Request
 
-from ..errors import NvrmError, RequestError
-from ..protocol import ErrorCode
-from .execution import FORWARD_LOCK
-from .models import MultiServing
-from .serving import Reply
+from ...errors import NvrmError, RequestError
+from ...protocol import ErrorCode
+from ..batching.execution import FORWARD_LOCK
+from .registry import MultiServing
+from ..serving import Reply
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ def swap_body(raw: bytes) -> dict[str, Any]:
 def from_hub(body: dict[str, Any]) -> str:
     """The local folder of the hub bundle a swap body names (``repo`` at ``revision``), downloaded into the Hub cache
     if it is not there (runs in a thread); ``RequestError`` naming the repo and the reason when it cannot be had."""
-    from ..bundle.hub import download_bundle, repo_id_problem
-    from ..errors import DownloadError
+    from ...bundle.hub import download_bundle, repo_id_problem
+    from ...errors import DownloadError
 
     repo, revision = body.get("repo"), body.get("revision")
     if not isinstance(repo, str) or (why := repo_id_problem(repo)) is not None:
@@ -108,8 +108,8 @@ def allowed_path(serving: MultiServing, body: dict[str, Any]) -> str:
 
 def warm_up(model) -> None:
     """Score one synthetic item of the model's contract (a failure refuses the swap)."""
-    from ..clip import Clip
-    from ..synth.clips import moving_square
+    from ...clip import Clip
+    from ...synth.clips import moving_square
 
     c = model.contract
     n = max(2, math.ceil(c.candidate_seconds * c.sample_fps) + 1)
@@ -120,7 +120,7 @@ def warm_up(model) -> None:
 
 def default_loader(serving: MultiServing, name: str) -> Callable[[str], Any]:
     """Loads a bundle with the settings (and on the backend) the running model of ``name`` was loaded with."""
-    from ..scoring.reward_model import RewardModel
+    from ...scoring.reward_model import RewardModel
 
     running = serving.registry.current(name).model
     backend = getattr(running, "backend", "nvrm")
@@ -160,9 +160,9 @@ def special_file(path: str | os.PathLike) -> str | None:
 def verified(path: str) -> None:
     """``RequestError`` unless ``path`` is a bundle with a manifest that verifies (runs in a thread); a folder holding
     anything but regular files (``special_file``) is refused before any of its files is opened."""
-    from ..bundle.verify import verify_bundle
+    from ...bundle.verify import verify_bundle
 
-    from .models import manifest_sha256
+    from .registry import manifest_sha256
 
     if (why := special_file(path)) is not None:
         raise RequestError("request.path", why)
@@ -180,7 +180,7 @@ def _gib(n: int) -> str:
 
 def memory_shortfall(serving: MultiServing, name: str, path: str) -> str | None:
     """None when the bundle at ``path`` fits beside the revision serving ``name``; else why not, in one line."""
-    from .models import bundle_weight_bytes
+    from .registry import bundle_weight_bytes
 
     old = serving.registry.current(name)
     declared = bundle_weight_bytes(path)
@@ -338,7 +338,7 @@ def models_router(serving: MultiServing, swap_with: Callable[..., Any] | None = 
     """``GET /v1/models`` and the admin's ``PUT /v1/models/{name}`` (swapped by ``swap_with``, else by ``swap``)."""
     router = APIRouter()
     swap_with = swap_with or swap
-    from .routes import response
+    from ..protocols.native import response
 
     @router.get("/v1/models", summary="The served models: name, revision (manifest sha256), contract, state, memory")
     async def list_models():

@@ -26,10 +26,10 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Sequence
 
-from ..clip import Clip
-from ..contract import Contract
-from ..video.inputs import Sampled
-from ..limits import Limits
+from ...clip import Clip
+from ...contract import Contract
+from ...video.inputs import Sampled
+from ...limits import Limits
 
 
 class ByteBudget:
@@ -102,7 +102,7 @@ def sampled_frames(value: Any, role: str, contract: Contract, limits: Limits) ->
         return min(len(value.frames), cap)
     if isinstance(value, Clip):
         return min(len(value), math.ceil(len(value) / value.fps * contract.sample_fps) + 1, cap)
-    from ..video.decode import declared_bound, declared_duration
+    from ...video.decode import declared_bound, declared_duration
 
     seconds = declared_duration(value)  # a file or encoded bytes: the header's word, else the cap
     if seconds is None or not math.isfinite(seconds) or seconds < 0:

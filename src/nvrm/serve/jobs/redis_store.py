@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigError, Unavailable
-from ..protocol import ErrorCode
+from ...errors import ConfigError, Unavailable
+from ...protocol import ErrorCode
 
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 """The ids this service issues (uuid4 hex); anything else is unknown before any key is built from it."""

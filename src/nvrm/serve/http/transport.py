@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RequestError
-from ..protocol import REQUEST_PART, ErrorCode
+from ...errors import RequestError
+from ...protocol import REQUEST_PART, ErrorCode
 
 # A request is a handful of objects per item (the item, its context and its candidate):
 # more braces than this many per allowed item is not a scoring request.

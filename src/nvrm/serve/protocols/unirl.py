@@ -29,13 +29,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..errors import InputError, RequestError
-from ..protocol import ErrorCode, ErrorResponse
-from ..results import one_line
-from .requests import Work, parse_work
-from .routes import _ERRORS, body_of, response
-from .serving import Body, Reply, Serving
-from .transport import parse_json
+from ...errors import InputError, RequestError
+from ...protocol import ErrorCode, ErrorResponse
+from ...results import one_line
+from ..admission.requests import Work, parse_work
+from .native import _ERRORS, body_of, response
+from ..serving import Body, Reply, Serving
+from ..http.transport import parse_json
 
 PROTOCOL_VERSION = "1"
 REWARD_NAME = "nvrm"

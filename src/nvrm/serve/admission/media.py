@@ -38,13 +38,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..clip import Clip
-from ..contract import Contract
-from ..errors import InputError, RequestError
-from ..video.inputs import Sampled
-from ..limits import Limits
-from ..protocol import ErrorCode, Video, context_ref
-from ..video.sampling import SamplePlan
+from ...clip import Clip
+from ...contract import Contract
+from ...errors import InputError, RequestError
+from ...video.inputs import Sampled
+from ...limits import Limits
+from ...protocol import ErrorCode, Video, context_ref
+from ...video.sampling import SamplePlan
 
 _NPY_MAGIC = b"\x93NUMPY"
 _MAX_NPY_HEADER = 65536

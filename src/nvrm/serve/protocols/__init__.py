@@ -1,0 +1,2 @@
+"""The wire protocols the service speaks: nvrm's own ``/v1`` (``native``), UniRL (``unirl``), verl-omni's DRM
+scorer (``drm``) and cosmos-rl's reward service (``cosmos``)."""
