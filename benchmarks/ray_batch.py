@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from nvrm import RewardModel
-from nvrm.jobs.ray_runner import run_batch_ray
-from nvrm.jobs import run_batch
+from nvrm.batch.ray_runner import run_batch_ray
+from nvrm.batch import run_batch
 from nvrm.synth.bundles import build_tiny_bundle
 from nvrm.synth.clips import moving_square, write_video
 

@@ -1,7 +1,7 @@
 """Field metadata for the generated command line: what a settings field says about itself (a private leaf).
 
 Every settings dataclass (``LoadSettings``, ``Limits``, ``ServeConfig``, ``TrainConfig``,
-``JobSettings``) describes its fields with ``meta``; ``nvrm.cli.options`` generates the flags from
+``BatchSettings``) describes its fields with ``meta``; ``nvrm.cli.options`` generates the flags from
 them, with defaults read from the fields themselves. A leaf module: the settings import it, and
 it imports nothing of nvrm (it sat in ``nvrm.cli`` once; nothing below the CLI may import that).
 """

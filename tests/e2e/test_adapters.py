@@ -292,7 +292,7 @@ def naive_reward_loop(fn, samples):
 
 def test_verl_per_sample_calls_share_one_model_and_one_group(demo, monkeypatch):
     from nvrm.cli.demo import demo_bundle_path
-    import nvrm.rl.scorer as scorer
+    import nvrm.source.reward_source as scorer
 
     model, ctx, cands = demo
     loads, groups = [], []

@@ -96,7 +96,7 @@ def test_off_contract_rewards_are_named_in_their_rows_and_counted(job, tmp_path,
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_batch_csv_and_parquet(model, tiny_bundle, job, suffix):
-    from nvrm.jobs.sink import read_final
+    from nvrm.batch.sink import read_final
 
     d, expected = job
     out = d / f"scores{suffix}"

@@ -100,7 +100,7 @@ def test_an_unchanged_resume_scores_nothing_and_reports_nothing_stale(tiny_bundl
 
 HOLD = """
 import sys, time
-from nvrm.jobs.journal import Journal
+from nvrm.batch.journal import Journal
 j = Journal(sys.argv[1])
 print("held", flush=True)
 time.sleep(120)

@@ -1,4 +1,4 @@
-"""The one input-identity rule (``nvrm.rl.identity``): equal content is one input, whatever carries it (pure)."""
+"""The one input-identity rule (``nvrm.source.identity``): equal content is one input, whatever carries it (pure)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from nvrm import Clip
-from nvrm.rl.identity import all_same, input_key, input_keys, same_input
+from nvrm.source.identity import all_same, input_key, input_keys, same_input
 from nvrm.rl.scorer import context_key, group_items
 
 RNG = np.random.default_rng(3)
@@ -94,7 +94,7 @@ def test_a_difference_outside_the_hashed_sample_still_parts_two_inputs():
 
 
 def test_copies_cost_one_comparison_each_and_different_contexts_none(monkeypatch):
-    import nvrm.rl.identity as identity
+    import nvrm.source.identity as identity
 
     compared = []
     real = identity._same_bytes

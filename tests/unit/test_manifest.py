@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from nvrm import InputError
-from nvrm.jobs.runner import LocalExecutor
-from nvrm.jobs.manifest import ManifestRow, RowProblem, parse_line, pending, read_job_manifest
+from nvrm.batch.runner import LocalExecutor
+from nvrm.batch.manifest import ManifestRow, RowProblem, parse_line, pending, read_manifest as read_job_manifest
 
 BASE = Path("/data/m")
 

@@ -4,7 +4,7 @@
 def test_batch_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise():
     import io
 
-    from nvrm.jobs.runner import Progress
+    from nvrm.batch.runner import Progress
 
     class Tty(io.StringIO):
         def isatty(self):

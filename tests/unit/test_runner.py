@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from nvrm.errors import InputError
-from nvrm.jobs.manifest import ManifestRow, Unit
-from nvrm.jobs.runner import LocalExecutor
+from nvrm.batch.manifest import ManifestRow, Unit
+from nvrm.batch.runner import LocalExecutor
 
 
 class _Result:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from nvrm import InputError
-from nvrm.jobs.sink import open_sink, repair_journal
+from nvrm.batch.sink import open_sink, repair_journal
 
 
 def row(i, k=0, reward=0.5):
@@ -60,7 +60,7 @@ def test_csv_and_parquet_are_rendered_from_the_journal_and_resumable(tmp_path, s
     assert again.done == {("r1", 0), ("r2", 0)}
     again.write([row(3)])
     again.finish()
-    from nvrm.jobs.sink import read_final
+    from nvrm.batch.sink import read_final
 
     rows = read_final(out, suffix[1:])
     assert [(r["id"], r["reward"], r["error"]) for r in rows] == [

@@ -69,7 +69,7 @@ def _rate(fn, stream) -> tuple[list[list[float]], float, list[Any]]:
 
 def _dtype_rows(bundle, dtype: str, streams: dict[int, list], *, device, vllm_url, peak) -> list[dict[str, Any]]:
     from ..scoring.reward_model import RewardModel
-    from .rl import _group_flops
+    from .rl import group_flops
 
     rows = []
     exact = RewardModel.from_pretrained(bundle, device=device, dtype=dtype, exact=True)
@@ -89,7 +89,7 @@ def _dtype_rows(bundle, dtype: str, streams: dict[int, list], *, device, vllm_ur
             alone, _, _ = _rate(lambda p, c, cands: served.score_group(p, c, cands, share_prefix=False), stream)
             prepared = exact.engine.prepare_group(stream[0][0], exact.prepare_video(stream[0][1], "context"),
                                                   [exact.prepare_video(c, "candidate") for c in stream[0][2]])
-            flops = _group_flops(exact, prepared)  # one group's model FLOPs (every group of the stream has the same shapes)
+            flops = group_flops(exact, prepared)  # one group's model FLOPs (every group of the stream has the same shapes)
             row = {"dtype": dtype, "G": g, "groups": len(stream),
                    "candidates_per_s": {"nvrm_exact": nvrm_rate, "nvrm_group": group_rate, "vllm": vllm_rate},
                    "vllm_vs_nvrm_group": vllm_rate / group_rate, "drift": compare(want, got),

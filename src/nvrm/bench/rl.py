@@ -67,7 +67,8 @@ def _stages(model, group: tuple[str, Clip, list[Clip]]) -> dict[str, float]:
     return {"contract_s": t1 - t0, "encode_s": t2 - t1, "model_s": t_model, "tokens": sum(len(s) for s in enc.ids)}
 
 
-def _group_flops(model, prepared) -> float:
+def group_flops(model, prepared) -> float:
+    """The model FLOPs of one prepared group's forward (the shared prefix once, then each candidate's suffix)."""
     enc = prepared.encoded
     P = enc.prefix_len
     rows = [(P, 0)] + [(len(s) - P, P) for s in enc.ids]
@@ -129,7 +130,7 @@ def _rl_row(model, stream: list, g: int, loop_candidates: int, peak: float | Non
     prepared, t_cpu = timed(prepare_all, dev)
     # the model stage over the stream: prepared inputs only
     _, t_gpu = timed(lambda: [model.score_prepared_group(p) for p in prepared], dev)
-    flops = _group_flops(model, prepared[0])
+    flops = group_flops(model, prepared[0])
     prepared = None  # free the stream before the paths run
 
     k = min(loop_candidates, g)

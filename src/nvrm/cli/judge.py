@@ -36,7 +36,7 @@ def run_pairs(args: argparse.Namespace) -> int:
 
     rewards: dict[str, list[float]] = {}
     if getattr(args, "from_record", None):
-        from ..record.reader import record_rollouts
+        from ..prefs.pairing import record_rollouts
 
         recorded, problems = record_rollouts(args.from_record)
         rollouts = [r.rollout for r in recorded]
@@ -113,7 +113,7 @@ def _judges(args: argparse.Namespace, settings) -> dict:
 def run_judge(args: argparse.Namespace) -> int:
     """Ask every judge about every pair in both orders. Returns 0 when every judgment is written (verdict, unparsed or
     failed with its reason), 1 when some could not be made this time (--resume asks them again)."""
-    from ..jobs.journal import Journal
+    from ..batch.journal import Journal
     from ..prefs.judge_contract import JudgeContract, Rubric
     from ..prefs.judging import JudgingRun, RunSettings, journal_check, plan, read_pairs_to_judge, summary
     from .options import check_outputs, dataclass_from_args

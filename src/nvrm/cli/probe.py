@@ -28,9 +28,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def _items(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     if args.input:
-        from ..jobs.manifest import ManifestRow, read_job_manifest
+        from ..batch.manifest import ManifestRow, read_manifest
 
-        rows = read_job_manifest(args.input)
+        rows = read_manifest(args.input)
         items = [(r.prompt, r.context, c) for r in rows if isinstance(r, ManifestRow) for c in r.candidates]
         if not items:
             raise InputError(args.input, "has no usable rows to probe")

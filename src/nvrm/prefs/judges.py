@@ -222,7 +222,7 @@ class RewardJudge:
     """nvrm as a judge: both continuations scored in one group (one prefill); the higher reward wins."""
 
     def __init__(self, spec: JudgeSpec):
-        from ..rl.scorer import RewardSource
+        from ..source.reward_source import RewardSource
 
         self.spec = spec
         key = os.environ.get(spec.key_env) if spec.key_env else None

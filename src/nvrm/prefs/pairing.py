@@ -11,6 +11,9 @@ deterministic for a seed:
 - ``k``: k of those, drawn without replacement;
 - ``uncertain``: the k pairs a reward model is least sure about (smallest |r_a - r_b|, rewards from
   nvrm's group path: one shared prefill per rollout).
+
+Rollouts also come from a rollout record (``record_rollouts``, ``nvrm prefs pairs --from-record``), with the rewards,
+revisions and uncertainties it kept; ``nvrm.record`` reads the rows and knows nothing of pairs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -69,6 +73,54 @@ def read_rollouts(path: str | Path) -> tuple[list[Rollout], list[str]]:
         except ValueError as e:
             problems.append(f"line {n}: {e}")
     return out, problems
+
+
+@dataclass(frozen=True)
+class RecordRollout:
+    """One recorded group (``nvrm serve --record``, ``record=``): its rollout, plus what the record kept of each candidate."""
+
+    rollout: Rollout
+    rewards: tuple[float, ...]
+    revisions: tuple[str, ...]
+    uncertainties: tuple[float | None, ...] = ()
+    """Each candidate's recorded uncertainty (its model's guard); None where the row has none."""
+
+
+def record_rollouts(root: str | Path) -> tuple[list[RecordRollout], list[str]]:
+    """The record's groups with at least two distinct candidates whose files are present, as rollouts; and the skipped, one line each."""
+    from ..record.reader import iter_groups, open_record, read_rows, skipped_rows
+
+    root = open_record(root).resolve()  # pairs files resolve relative paths against their own folder: these are absolute
+    rows, bad = read_rows(root)
+    problems = [summary] if (summary := skipped_rows(bad, len(rows))) else []
+    out = []
+    for gid, members in iter_groups(rows):
+        seen, kept = set(), []
+        for r in members:
+            path = r["candidate"].get("path")
+            if not isinstance(path, str) or path in seen or not (root / path).is_file():
+                continue
+            seen.add(path)
+            kept.append(r)
+        ctx = members[0].get("context")
+        context = str(root / ctx["path"]) if isinstance(ctx, dict) else None
+        if context is not None and not Path(context).is_file():
+            problems.append(f"group {gid}: its context file is gone (dropped by --record-mb)")
+            continue
+        if len(kept) < 2:
+            problems.append(f"group {gid}: {len(kept)} distinct candidate(s) left; pairs need two")
+            continue
+        paths = tuple(str(root / r["candidate"]["path"]) for r in kept)
+        rollout = Rollout(gid, str(members[0]["prompt"]), context, paths, kept[0].get("seq", 0))  # type: ignore[arg-type]
+        out.append(RecordRollout(rollout, tuple(float(r["reward"]) for r in kept), tuple(str(r.get("revision")) for r in kept),
+                                 tuple(_uncertainty(r) for r in kept)))
+    return out, problems
+
+
+def _uncertainty(row: dict) -> float | None:
+    """A row's recorded uncertainty when it is a finite number >= 0 (else None: recorded without a guard, or unusable)."""
+    u = row.get("uncertainty")
+    return float(u) if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and u >= 0 else None
 
 
 def _rng_key(seed: int, rollout_id: str) -> int:

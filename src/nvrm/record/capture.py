@@ -111,7 +111,7 @@ def from_rl(root: str | os.PathLike | None, **settings: Any) -> Recorder | None:
 
 def offer_rl(recorder: Recorder | None, model: Any, prompts: Sequence[Any], contexts: Sequence[Any], candidates: Sequence[Any],
              results: Sequence[Any], plan: Sequence[Sequence[int]]) -> None:
-    """Record one RL scoring call (groups as ``nvrm.rl.scorer`` made them); a no-op without ``record=``."""
+    """Record one RL scoring call (groups as ``nvrm.source.reward_source`` made them); a no-op without ``record=``."""
     if recorder is None:
         return
     from ..clip import Clip

@@ -52,7 +52,7 @@ def segment_name(seq: int) -> str:
 
 
 def group_key(source: str, request: int, prompt: str, context_key: str | None) -> str:
-    """A request's group: its items that share a prompt and a context (the rule of ``nvrm.rl.scorer.group_items``)."""
+    """A request's group: its items that share a prompt and a context (the rule of ``nvrm.source.reward_source.group_items``)."""
     digest = hashlib.sha256(f"{prompt}\x00{context_key or ''}".encode()).hexdigest()[:12]
     return f"{source}-{request}-{digest}"
 

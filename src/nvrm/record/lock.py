@@ -32,7 +32,7 @@ def claim(root: Path) -> IO[str] | None:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()
-        from ..jobs.journal import lock_holder
+        from ..batch.journal import lock_holder
 
         holder = f"this process (pid {os.getpid()})" if str(root.resolve()) in _HELD else lock_holder(root / LOCK)
         raise InputError(str(root), f"this record folder is being written by {holder}; one writer per folder: give each writer a folder of its own") from None

@@ -1,4 +1,5 @@
-"""Reading a record back: its rows, the frames they name, and rollouts for ``nvrm prefs pairs --from-record``.
+"""Reading a record back: its rows, their groups and the frames they name (``nvrm prefs pairs --from-record`` makes
+rollouts of them: ``nvrm.prefs.pairing.record_rollouts``).
 
 A row is used only when it is whole (``row_problem``): a prompt, a finite numeric reward, and frame references
 whose keys are sha256 digests and whose paths stay inside the record folder (no absolute path, no ``..``, no
@@ -11,7 +12,6 @@ import json
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
@@ -19,17 +19,6 @@ import numpy as np
 
 from ..errors import InputError
 from . import format as fmt
-
-
-@dataclass(frozen=True)
-class RecordRollout:
-    """One recorded group: a prompt, a context and its candidates, as a rollout (``nvrm.prefs.pairing.Rollout``) plus rewards."""
-
-    rollout: object
-    rewards: tuple[float, ...]
-    revisions: tuple[str, ...]
-    uncertainties: tuple[float | None, ...] = ()
-    """Each candidate's recorded uncertainty (its model's guard); None where the row has none."""
 
 
 def open_record(root: str | Path) -> Path:
@@ -140,40 +129,3 @@ def iter_groups(rows: list[dict]) -> Iterator[tuple[str, list[dict]]]:
     for r in rows:
         groups.setdefault(r["group"], []).append(r)
     yield from groups.items()
-
-
-def record_rollouts(root: str | Path) -> tuple[list[RecordRollout], list[str]]:
-    """The record's groups with at least two distinct candidates whose files are present, as rollouts; and the skipped, one line each."""
-    from ..prefs.pairing import Rollout
-
-    root = open_record(root).resolve()  # pairs files resolve relative paths against their own folder: these are absolute
-    rows, bad = read_rows(root)
-    problems = [summary] if (summary := skipped_rows(bad, len(rows))) else []
-    out = []
-    for gid, members in iter_groups(rows):
-        seen, kept = set(), []
-        for r in members:
-            path = r["candidate"].get("path")
-            if not isinstance(path, str) or path in seen or not (root / path).is_file():
-                continue
-            seen.add(path)
-            kept.append(r)
-        ctx = members[0].get("context")
-        context = str(root / ctx["path"]) if isinstance(ctx, dict) else None
-        if context is not None and not Path(context).is_file():
-            problems.append(f"group {gid}: its context file is gone (dropped by --record-mb)")
-            continue
-        if len(kept) < 2:
-            problems.append(f"group {gid}: {len(kept)} distinct candidate(s) left; pairs need two")
-            continue
-        paths = tuple(str(root / r["candidate"]["path"]) for r in kept)
-        rollout = Rollout(gid, str(members[0]["prompt"]), context, paths, kept[0].get("seq", 0))  # type: ignore[arg-type]
-        out.append(RecordRollout(rollout, tuple(float(r["reward"]) for r in kept), tuple(str(r.get("revision")) for r in kept),
-                                 tuple(_uncertainty(r) for r in kept)))
-    return out, problems
-
-
-def _uncertainty(row: dict) -> float | None:
-    """A row's recorded uncertainty when it is a finite number >= 0 (else None: recorded without a guard, or unusable)."""
-    u = row.get("uncertainty")
-    return float(u) if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and u >= 0 else None

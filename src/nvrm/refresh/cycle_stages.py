@@ -132,7 +132,7 @@ def build_judges(specs: list[str], settings) -> dict:
 
 def stage_judge(cycle, sub: Path) -> str:
     """Every pair asked of every judge in both orders, into a journal a rerun continues (``nvrm prefs judge``)."""
-    from ..jobs.journal import Journal
+    from ..batch.journal import Journal
     from ..prefs.judging import JudgingRun, journal_check, plan, read_pairs_to_judge
 
     pairs, problems = read_pairs_to_judge(cycle.root / "pairs" / "pairs.jsonl")

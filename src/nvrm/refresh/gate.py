@@ -60,13 +60,13 @@ def compare(current: dict[str, Any], candidate: dict[str, Any], *, max_drop: flo
 def reward_check(rewards: Sequence[float], summary: dict[str, Any]) -> dict[str, Any]:
     """Finite, non-collapsed candidate rewards (the collapse rule of ``nvrm.train.fit``). Pure but for that rule's import."""
     from ..errors import TrainingError
-    from ..train.fit import _refuse_collapsed
+    from ..train.fit import refuse_collapsed
 
     bad = [r for r in rewards if not math.isfinite(r)]
     if bad:
         return {"passed": False, "why": f"{len(bad)} of {len(rewards)} candidate rewards are not finite (e.g. {bad[0]})"}
     try:
-        _refuse_collapsed(summary, "held-out")
+        refuse_collapsed(summary, "held-out")
     except TrainingError as e:
         return {"passed": False, "why": str(e)}
     return {"passed": True, "why": f"{len(rewards)} finite rewards, std {((summary.get('rewards') or {}).get('all') or {}).get('std')}"}

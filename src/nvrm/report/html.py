@@ -19,7 +19,7 @@ from PIL import Image
 from ..video.inputs import PreparedVideo
 from .ranking import pairwise_matrix, rank_rewards
 
-_CSS = """
+CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1b1f24;background:#fff}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px}
 .meta{color:#57606a;font-size:13px} .prompt{font-size:15px;margin:10px 0 4px;white-space:pre-wrap}
@@ -34,7 +34,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #d0d7de;pa
 th{background:#f6f8fa}
 """
 
-_SCRIPT = """
+SCRIPT = """
 window.addEventListener('load', function () {
   var imgs = document.images, ok = 0;
   for (var i = 0; i < imgs.length; i++) if (imgs[i].complete && imgs[i].naturalWidth > 0) ok++;
@@ -82,7 +82,7 @@ def render_rank_report(
     esc = html.escape
     parts = [
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f"<title>nvrm ranking: {esc(prompt[:60])}</title><style>{_CSS}</style><script>{_SCRIPT}</script></head><body>",
+        f"<title>nvrm ranking: {esc(prompt[:60])}</title><style>{CSS}</style><script>{SCRIPT}</script></head><body>",
         "<h1>nvrm ranking report</h1>",
         f'<div class="meta">model {esc(str(model_info.get("path") or ""))} · revision {esc(str(model_info.get("revision")))}'
         f' · contract {esc(str(model_info.get("contract", ""))[:16])} · {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}</div>',

@@ -12,7 +12,7 @@ import html
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from .html import _CSS, _SCRIPT, png_data_uri
+from .html import CSS, SCRIPT, png_data_uri
 
 _PROBE_CSS = """
 .bar-chart text{font-size:11px;font-family:system-ui,sans-serif}
@@ -67,7 +67,7 @@ def render_probe_report(reports: Sequence[Any], summary: dict[str, dict[str, Any
     esc = html.escape
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
-        f"<title>nvrm probe</title><style>{_CSS}{_PROBE_CSS}</style><script>{_SCRIPT}</script></head><body>",
+        f"<title>nvrm probe</title><style>{CSS}{_PROBE_CSS}</style><script>{SCRIPT}</script></head><body>",
         "<h1>nvrm probe: can the reward be gamed?</h1>",
         f'<div class="meta">model revision {esc(str(model_info.get("revision")))} · contract {esc(str(model_info.get("contract", ""))[:16])}'
         f" · {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}</div>",

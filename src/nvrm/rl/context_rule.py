@@ -12,7 +12,7 @@ One rule, stated once; exactly one source is chosen:
 - ``no_context=True``: the contract's off-contract opt-in, text-to-video with nothing before it.
 
 A missing context is a one-line error naming where it was looked for. Grouping is the scorer's one
-rule (``nvrm.rl.scorer.group_items``): items of one call with the same prompt and equal context content
+rule (``nvrm.source.reward_source.group_items``): items of one call with the same prompt and equal context content
 are one group, scored with one prefill.
 """
 

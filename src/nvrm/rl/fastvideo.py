@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from .calls import guard_details, score_call, video_of
 from .context_rule import ContextRule, build_call, frames_of
 from .policy import FailurePolicy, SignalMonitor
-from .scorer import RewardSource, is_url
+from ..source.reward_source import RewardSource, is_url
 
 
 class FastVideoReward(torch.nn.Module):

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from .calls import check_items, guard_details, off_contract, score_call, video_of
 from .policy import FailurePolicy, Normalize, SignalMonitor
-from .scorer import RewardSource, is_url
+from ..source.reward_source import RewardSource, is_url
 
 FLOW_GRPO_KWARGS = {"only_strict", "ref_images"}
 """Keyword arguments ``multi_score`` passes that a video reward has no use for."""

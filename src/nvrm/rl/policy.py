@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import ConfigError, RewardFnError, ZeroSignalWarning
-from .identity import all_same, input_key  # noqa: F401 - input_key: its name here before the one rule
+from ..source.identity import all_same, input_key  # noqa: F401 - input_key: its name here before the one rule
 
 log = logging.getLogger("nvrm")
 

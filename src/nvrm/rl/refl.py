@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ConfigError, NvrmError, RewardFnError
-from .scorer import group_items, is_url, shared_model
+from ..source.reward_source import group_items, is_url, shared_model
 
 
 def refl_reward(model_or_path: Any, *, fps: float = 16.0, checkpointing: bool = True, **load: Any):

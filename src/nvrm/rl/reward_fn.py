@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence, Union
 
 from .calls import check_items, guard_details, score_call
 from .policy import FailurePolicy
-from .scorer import RewardSource, group_items
+from ..source.reward_source import RewardSource, group_items
 
 __all__ = ["make_reward_fn", "group_items"]
 

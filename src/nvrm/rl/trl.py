@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .calls import check_items, completion_as_path, guard_details, off_contract, score_call, text_of
-from .pinning import distinct, revisions_of
+from ..source.pinning import distinct, revisions_of
 from .policy import FailurePolicy, Normalize, SignalMonitor, failure_kinds
 from .render import render_all, resolve, row_of
-from .scorer import RewardSource
+from ..source.reward_source import RewardSource
 
 TRL_EXTRAS = {"trainer_state", "log_extra", "log_metric", "environments"}
 """Keyword arguments TRL adds to the dataset columns."""
@@ -55,7 +55,7 @@ def trl_reward(
         no_context: opt in to scoring rows without a context (the column absent or None) with no context
             frames (off-contract; see ``Contract``).
         name: the name TRL logs the reward under.
-        model=, revision= (URL mode): the served model's name, and the revision to pin (``nvrm.rl.pinning``). The
+        model=, revision= (URL mode): the served model's name, and the revision to pin (``nvrm.source.pinning``). The
             revision that scored each row is logged (``log_extra`` column ``NAME/revision``; ``NAME/revisions`` per step).
     """
     policy = FailurePolicy.parse(on_error, ("none", "group_mean", "nan", "raise"))

@@ -14,7 +14,7 @@ uses absolute imports only, and every setting arrives in the call:
           model: http://127.0.0.1:8000              # or a bundle path (in-process)
           render: my_project.render:render_video   # what the policy wrote -> the candidate video
           on_error: raise                          # or group_mean, or a number
-          # model_name: mine   revision: <sha256>  # URL mode: which served model, pinned (nvrm.rl.pinning)
+          # model_name: mine   revision: <sha256>  # URL mode: which served model, pinned (nvrm.source.pinning)
 
 - ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **settings) -> dict``:
   per sample, for verl 0.9's reward loop (its managers: naive, dapo, gdpo, remote, rate_limited; it
@@ -26,7 +26,7 @@ uses absolute imports only, and every setting arrives in the call:
   compute_score_batch, ...)``). It passes numpy object arrays; every column must have one entry per sample.
 - Each sample's ``extra_info`` carries its prompt (``prompt_key``) and context (``context_key``);
   a missing one is an error naming the key, never an empty prompt.
-- One model per process, however many reward managers verl builds (``nvrm.rl.scorer.shared_model``).
+- One model per process, however many reward managers verl builds (``nvrm.source.reward_source.shared_model``).
 - Failures: ``on_error="raise"`` (default) raises ``RewardFnError``. If verl calls again with the
   same batch after that error, the error is raised again at once, without scoring twice.
   ``on_error=<number>`` or ``"group_mean"`` fills the score and reports ``nvrm_ok: 0.0``.
@@ -43,7 +43,7 @@ import dataclasses
 from typing import Any
 
 from nvrm.rl.calls import refuse_unknown
-from nvrm.rl.verl_scorer import _LOAD_KEYS, VERL_EXTRAS, VerlScorer, VerlSettings, scorer_for
+from nvrm.rl.verl_scorer import LOAD_KEYS, VERL_EXTRAS, VerlScorer, VerlSettings, scorer_for
 from nvrm.errors import ConfigError
 
 
@@ -82,8 +82,8 @@ def verl_compute_score(model_or_url: Any, **settings: Any):
     Python (``compute_score.batch`` for the batch signature). In a verl YAML config, point
     ``custom_reward_function`` at this file instead and put the settings in ``reward_kwargs``."""
     if not isinstance(model_or_url, str):
-        refuse_unknown(settings, {f.name for f in dataclasses.fields(VerlSettings)} - {"model", "load"} | _LOAD_KEYS, "verl_compute_score")
-        fields = {k: v for k, v in settings.items() if k not in _LOAD_KEYS}
+        refuse_unknown(settings, {f.name for f in dataclasses.fields(VerlSettings)} - {"model", "load"} | LOAD_KEYS, "verl_compute_score")
+        fields = {k: v for k, v in settings.items() if k not in LOAD_KEYS}
         scorer = VerlScorer(VerlSettings(model=model_or_url, **fields))  # an in-process RewardModel
     else:
         scorer = scorer_for({"model": model_or_url, **settings})

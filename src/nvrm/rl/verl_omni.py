@@ -32,8 +32,8 @@ from nvrm.errors import ConfigError, InputError, RewardFnError
 from nvrm.rl.calls import guard_columns, off_contract, refuse_unknown, score_call, video_of
 from nvrm.rl.context_rule import ContextRule, build_call, frames_of
 from nvrm.rl.policy import FailurePolicy, SignalMonitor
-from nvrm.rl.scorer import RewardSource, group_items, registry
-from nvrm.rl.verl_scorer import _LOAD_KEYS, _Batcher
+from nvrm.source.reward_source import RewardSource, group_items, registry
+from nvrm.rl.verl_scorer import LOAD_KEYS, Batcher
 
 OMNI_EXTRAS = {"reward_router_address", "reward_model_tokenizer", "model_name"}
 """Keyword arguments verl-omni's reward managers add to a call; not settings, so not used."""
@@ -65,11 +65,11 @@ class OmniSettings:
     def from_kwargs(cls, kwargs: dict) -> "OmniSettings":
         """Settings from a call's keyword arguments; an unknown key is refused, verl-omni's own are dropped."""
         names = {f.name for f in dataclasses.fields(cls)} - {"load"}
-        refuse_unknown(kwargs, names | _LOAD_KEYS | OMNI_EXTRAS, "verl-omni reward_kwargs")
+        refuse_unknown(kwargs, names | LOAD_KEYS | OMNI_EXTRAS, "verl-omni reward_kwargs")
         if "model" not in kwargs:
             raise ConfigError("verl-omni reward_kwargs: no 'model'; give the URL of nvrm serve (or a bundle path to load in process)")
         given = {k: v for k, v in kwargs.items() if k in names}
-        return cls(**given, load=tuple(sorted((k, v) for k, v in kwargs.items() if k in _LOAD_KEYS)))
+        return cls(**given, load=tuple(sorted((k, v) for k, v in kwargs.items() if k in LOAD_KEYS)))
 
 
 def _floating(dtype: Any) -> bool:
@@ -93,7 +93,7 @@ class OmniScorer:
         self.policy = FailurePolicy.parse(s.on_error, ("raise", "group_mean"), where="verl-omni reward_kwargs on_error")
         self.source = RewardSource(s.model, api_key=s.api_key, short_candidates=s.short_candidates, no_context=s.no_context, **dict(s.load))
         self.monitor = SignalMonitor("nvrm verl-omni reward", "Check that each prompt's rollouts really differ.")
-        self.batcher = _Batcher(self._outcomes, s.coalesce_ms / 1000.0)
+        self.batcher = Batcher(self._outcomes, s.coalesce_ms / 1000.0)
 
     def _candidate(self, solution: Any, info: dict, i: int) -> Any:
         where = f"solution_image {i}"
@@ -142,11 +142,11 @@ def scorer_for(kwargs: dict) -> OmniScorer:
 def verl_omni_compute_score(model_or_url: Any, **settings: Any):
     """``compute_score`` bound to a model (a ``RewardModel``, a bundle path or a URL) and settings, for Python
     (a verl-omni YAML config points ``custom_reward_function`` at this module instead)."""
-    refuse_unknown(settings, {f.name for f in dataclasses.fields(OmniSettings)} - {"model", "load"} | _LOAD_KEYS, "verl_omni_compute_score")
+    refuse_unknown(settings, {f.name for f in dataclasses.fields(OmniSettings)} - {"model", "load"} | LOAD_KEYS, "verl_omni_compute_score")
     if isinstance(model_or_url, str):
         scorer = scorer_for({"model": model_or_url, **settings})
     else:
-        scorer = OmniScorer(OmniSettings(model=model_or_url, **{k: v for k, v in settings.items() if k not in _LOAD_KEYS}))
+        scorer = OmniScorer(OmniSettings(model=model_or_url, **{k: v for k, v in settings.items() if k not in LOAD_KEYS}))
 
     def fn(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs) -> dict:
         refuse_unknown(kwargs, OMNI_EXTRAS, "compute_score")

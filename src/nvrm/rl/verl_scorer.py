@@ -14,16 +14,18 @@ from typing import Any
 
 from ..errors import ConfigError, RewardFnError
 from .calls import check_items, completion_as_path, guard_columns, off_contract, refuse_unknown, score_call
-from .pinning import distinct, revisions_of
+from ..source.pinning import distinct, revisions_of
 from .policy import FailurePolicy, SignalMonitor
 from .render import render_all, resolve, row_of
-from .scorer import RewardSource, registry
+from ..source.reward_source import RewardSource, registry
 
 VERL_EXTRAS = {"reward_router_address", "reward_model_tokenizer"}
 """Keyword arguments verl itself adds to a call; not settings, so not used."""
 
-_LOAD_KEYS = {"device", "dtype", "verify", "max_batch_tokens", "workers", "worker_kind", "attention", "revision", "timeout", "retries",
-              "conservative"}
+LOAD_KEYS = {"device", "dtype", "verify", "max_batch_tokens", "workers", "worker_kind", "attention", "revision", "timeout", "retries",
+             "conservative"}
+"""Keyword arguments that are how the model loads or is reached (``RewardModel.from_pretrained`` / ``RewardClient``), shared
+with the verl-omni adapter."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,21 +44,21 @@ class VerlSettings:
     coalesce_ms: float = 20.0
     api_key: str | None = None
     model_name: str | None = None
-    """The served model's name (``GET /v1/models``; URL mode); ``revision`` pins its revision (``nvrm.rl.pinning``)."""
+    """The served model's name (``GET /v1/models``; URL mode); ``revision`` pins its revision (``nvrm.source.pinning``)."""
     load: tuple = ()
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "VerlSettings":
         names = {f.name for f in dataclasses.fields(cls)} - {"load"}
-        refuse_unknown(kwargs, names | _LOAD_KEYS | VERL_EXTRAS, "verl reward_kwargs")
+        refuse_unknown(kwargs, names | LOAD_KEYS | VERL_EXTRAS, "verl reward_kwargs")
         if "model" not in kwargs:
             raise ConfigError("verl reward_kwargs: no 'model'; give the URL of nvrm serve (or a bundle path to load in process)")
         given = {k: v for k, v in kwargs.items() if k in names}
-        load = tuple(sorted((k, v) for k, v in kwargs.items() if k in _LOAD_KEYS))
+        load = tuple(sorted((k, v) for k, v in kwargs.items() if k in LOAD_KEYS))
         return cls(**given, load=load)
 
 
-class _Batcher:
+class Batcher:
     """Per-sample calls that arrive together, scored as one batch (the first caller waits ``window`` s)."""
 
     def __init__(self, run, window: float):
@@ -98,7 +100,7 @@ class VerlScorer:
         load = {**dict(settings.load), **({"model": settings.model_name} if settings.model_name is not None else {})}
         self.source = RewardSource(settings.model, api_key=settings.api_key, short_candidates=settings.short_candidates, no_context=settings.no_context, **load)
         self.monitor = SignalMonitor("nvrm verl reward", "Make the candidate from solution_str: reward_kwargs.render=module:function.")
-        self.batcher = _Batcher(self._outcomes, settings.coalesce_ms / 1000.0)
+        self.batcher = Batcher(self._outcomes, settings.coalesce_ms / 1000.0)
         self._failed: OrderedDict[str, RewardFnError] = OrderedDict()
         self._lock = threading.Lock()
 

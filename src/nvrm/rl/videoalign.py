@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from .calls import guard_details, score_call
 from .context_rule import ContextRule, build_call
 from .policy import FailurePolicy, SignalMonitor
-from .scorer import RewardSource, is_url
+from ..source.reward_source import RewardSource, is_url
 
 log = logging.getLogger("nvrm")
 

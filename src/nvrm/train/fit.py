@@ -101,7 +101,7 @@ def fit(base: str | Path, pairs: str | Path, output: str | Path, config: TrainCo
                               "weights_in_sync": len(set(digests)) == 1, "stopped_early": bool(run["stopped_early"]),
                               "rank": ranks.rank}
     if not run["stopped_early"]:
-        _refuse_collapsed(final_eval or trainer.evaluate(train_rows[:16]), "held-out" if final_eval else "training")
+        refuse_collapsed(final_eval or trainer.evaluate(train_rows[:16]), "held-out" if final_eval else "training")
         bundle, merged = trainer.export(out / "bundle", pairs, eval_pairs, {"train": run, "eval_before_export": final_eval})
         if ranks.is_main:
             fields.update(_check_export(bundle, merged, eval_pairs))
@@ -112,7 +112,7 @@ def fit(base: str | Path, pairs: str | Path, output: str | Path, config: TrainCo
     return summary
 
 
-def _refuse_collapsed(ev: dict, what: str) -> None:
+def refuse_collapsed(ev: dict, what: str) -> None:
     """No export of a model that gives every candidate one reward (a run that diverged to a constant)."""
     rewards = (ev.get("rewards") or {}).get("all") or {}
     if ev.get("n", 0) >= 2 and rewards.get("std") == 0:
@@ -191,7 +191,7 @@ def prepare_store(model: Any, pairs_files: Sequence[str | Path], store: str | Pa
     if ray is not None:
         from ..bundle import preprocessing_fingerprint, resolve_bundle
         from ..contract import Contract
-        from ..jobs.ray_store import build_store_on_ray
+        from .ray_store import build_store_on_ray
 
         bundle = resolve_bundle(model)
         fingerprint = preprocessing_fingerprint(bundle, Contract.for_bundle(bundle))

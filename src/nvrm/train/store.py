@@ -68,7 +68,7 @@ def _tensor_name(key: str, part: str) -> str:
 
 
 @dataclass(frozen=True)
-class Entry:
+class StoreEntry:
     """One stored video."""
 
     key: str
@@ -218,17 +218,17 @@ def _store_fingerprint(folder: Path) -> str | None:
         return None
 
 
-def scan(folder: Path, contract: str | None = None) -> tuple[dict[tuple[str, str], Entry], dict[tuple[str, str], str]]:
+def scan(folder: Path, contract: str | None = None) -> tuple[dict[tuple[str, str], StoreEntry], dict[tuple[str, str], str]]:
     """(absolute path, role) -> its entry, from every complete, sound shard of this store (the newest wins); and
     (path, role) -> why, for the videos stored only in a shard that cannot be used (damaged, or another store's)."""
     folder = Path(folder)
     fingerprint = _store_fingerprint(folder)
-    out: dict[tuple[str, str], Entry] = {}
+    out: dict[tuple[str, str], StoreEntry] = {}
     lost: dict[tuple[str, str], str] = {}
     for index in sorted(folder.glob("shard-*.index.json"), key=lambda p: p.stat().st_mtime_ns):
         try:
             body = json.loads(index.read_text())
-            entries = [Entry(e["key"], e["role"], e["path"], e["size"], e["mtime_ns"], tuple(e["times"]), body["shard"])
+            entries = [StoreEntry(e["key"], e["role"], e["path"], e["size"], e["mtime_ns"], tuple(e["times"]), body["shard"])
                        for e in body["entries"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InputError(str(index),
@@ -243,7 +243,7 @@ def scan(folder: Path, contract: str | None = None) -> tuple[dict[tuple[str, str
     return out, {k: v for k, v in lost.items() if k not in out}
 
 
-def read_entries(folder: Path) -> dict[tuple[str, str], Entry]:
+def read_entries(folder: Path) -> dict[tuple[str, str], StoreEntry]:
     """(absolute path, role) -> its entry, from every complete and sound shard's index (the newest wins; see ``scan``)."""
     return scan(folder)[0]
 

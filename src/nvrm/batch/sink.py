@@ -1,14 +1,14 @@
 """Where batch rows go: a durable JSONL journal, rendered to CSV or Parquet at the end.
 
 Every write appends whole lines in one ``write`` call, then ``flush`` and
-``fsync``. A job killed mid-write can leave at most one torn line at the end
+``fsync``. A run killed mid-write can leave at most one torn line at the end
 of the file; on resume it is cut off (and its rows scored again), so the
 output never has missing, duplicated or torn rows.
 
 ``.jsonl`` (or ``.json``) outputs are the journal itself. For ``.csv`` and
-``.parquet`` the journal is ``OUTPUT.journal.jsonl``; when the job finishes
+``.parquet`` the journal is ``OUTPUT.journal.jsonl``; when the run finishes
 the final file is written to a temporary name and renamed into place, and the
-journal is removed. Resuming a finished CSV/Parquet job reads its keys back
+journal is removed. Resuming a finished CSV/Parquet run reads its keys back
 from the final file. The journal is locked while a run writes it: a second run
 on the same output is refused, naming the process that holds it.
 """
@@ -161,7 +161,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def open_sink(output: str | Path, *, resume: bool = False, overwrite: bool = False, manifest: str | Path | None = None) -> Sink:
     """Open the output for appending; refuses to clobber unless ``resume`` or ``overwrite``,
-    and refuses an output (or its journal) that is the job's own ``manifest``."""
+    and refuses an output (or its journal) that is the run's own ``manifest``."""
     output = Path(output)
     fmt = output_format(output)
     journal = output if fmt == "jsonl" else output.with_name(output.name + ".journal.jsonl")
@@ -185,7 +185,7 @@ def open_sink(output: str | Path, *, resume: bool = False, overwrite: bool = Fal
                 output.unlink(missing_ok=True)
             return Sink(output, fmt, held, [])
         rows = held.rows(_batch_row)
-        if not rows and output != journal and output.exists():  # a finished CSV/Parquet job: carry its rows into the journal
+        if not rows and output != journal and output.exists():  # a finished CSV/Parquet run: carry its rows into the journal
             rows = read_final(output, fmt)
             held.replace({c: r.get(c) for c in COLUMNS} for r in rows)
         return Sink(output, fmt, held, rows)

@@ -1,9 +1,9 @@
-"""``nvrm batch --ray``: the same job as a Ray Data pipeline.
+"""``nvrm batch --ray``: the same run as a Ray Data pipeline.
 
     manifest (driver) -> pending units (resume) -> Ray Dataset
       -> map(prepare, num_cpus=...)              CPU tasks: decode + per-frame contract, streamed
       -> map_batches(Scorer, concurrency=N)      actor pool: one RewardModel per replica, loaded once
-      -> driver writes rows through the same durable sink as the single-process job
+      -> driver writes rows through the same durable sink as the single-process run
 
 A group (shared context) is one dataset row, so it is scored on one replica
 with shared-context reuse. Per-row errors travel as data and become error
@@ -20,21 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, InternalError, NvrmError
+from ..cluster.ray_tasks import error_text, require_ray, task_engine
 from .runner import BatchSummary, run
 from .manifest import ManifestRow, RowProblem, Unit
 
 log = logging.getLogger(__name__)
-
-
-def _require_ray():
-    try:
-        import ray  # noqa: F401
-    except ImportError as e:  # pragma: no cover - ray is installed with the test extra
-        raise InputError("--ray", "Ray is not installed; pip install 'nvrm[ray]'") from e
-    import ray
-
-    return ray
 
 
 def unit_record(u) -> dict[str, Any]:
@@ -84,23 +74,11 @@ def _video_from(rec: dict[str, Any]):
     )
 
 
-_ENGINES: dict[str, Any] = {}
-
-
-def _engine(bundle: str):
-    """This task process's engine for ``bundle`` (inline: Ray's tasks are the parallelism)."""
-    if bundle not in _ENGINES:
-        from ..engine import Engine
-
-        _ENGINES[bundle] = Engine.for_bundle(bundle, workers=0)
-    return _ENGINES[bundle]
-
-
 def make_prepare(bundle: str):
     """CPU task body: a unit's context and candidates through the engine, errors as data."""
 
     def prepare(rec: dict[str, Any]) -> dict[str, Any]:
-        engine = _engine(bundle)
+        engine = task_engine(bundle)
         out = dict(rec)
         out["context_error"] = ""
         out["prepared_context"] = {}
@@ -110,20 +88,16 @@ def make_prepare(bundle: str):
         try:
             out["prepared_context"] = _video_record(engine.prepare(rec["context"], "context"))
         except Exception as e:  # noqa: BLE001 - every failure is this unit's data
-            out["context_error"] = _message(e)
+            out["context_error"] = error_text(e)
             return out
         for i in rec["indices"]:
             try:
                 out["prepared"].append({"ok": _video_record(engine.prepare(rec["candidates"][i], "candidate")), "error": ""})
             except Exception as e:  # noqa: BLE001
-                out["prepared"].append({"ok": {}, "error": _message(e)})
+                out["prepared"].append({"ok": {}, "error": error_text(e)})
         return out
 
     return prepare
-
-
-def _message(e: BaseException) -> str:
-    return str(e) if isinstance(e, NvrmError) else str(InternalError.wrap(e))
 
 
 class Scorer:
@@ -184,7 +158,7 @@ class RayExecutor:
         self.rows_per_batch = rows_per_batch
 
     def rows(self, units):
-        ray = _require_ray()
+        ray = require_ray()
         from ..bundle import resolve_bundle
 
         started_here = False
@@ -216,7 +190,7 @@ class RayExecutor:
 
 def run_batch_ray(manifest: str | Path, output: str | Path, *, bundle: str, settings=None,
                   resume: bool = False, overwrite: bool = False, progress=None, **ray_options: Any) -> BatchSummary:
-    """The batch job on Ray; writes exactly what the local job writes."""
-    _require_ray()
+    """The batch run on Ray; writes exactly what the local run writes."""
+    require_ray()
     executor = RayExecutor(bundle, settings=settings, **ray_options)
     return run(manifest, output, executor, resume=resume, overwrite=overwrite, progress=progress)

@@ -1,4 +1,4 @@
-"""The batch job: one skeleton, executors that only turn units into rows.
+"""The batch run: one skeleton, executors that only turn units into rows.
 
     run(manifest, output, executor)    reads the manifest, works out what the output lacks
                                        (--resume), hands those units to the executor, writes
@@ -10,7 +10,7 @@ yields lists of rows, every (id, candidate index) exactly once):
 - ``LocalExecutor(model)``: this process's ``RewardModel``; consecutive group
   rows stream through ``score_groups`` (the next groups are prepared while one
   is on the model), single-candidate rows go through ``score_batch``;
-- ``RayExecutor`` (``jobs/ray_runner.py``): a Ray Data pipeline.
+- ``RayExecutor`` (``batch/ray_runner.py``): a Ray Data pipeline.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence, TextIO
 from ..errors import ConfigError, InternalError, NvrmError
 from .._fields import meta
 from ..results import result_row
-from .manifest import RowProblem, Unit, pending, read_job_manifest, stale
+from .manifest import RowProblem, Unit, pending, read_manifest, stale
 from .sink import open_sink
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ DEFAULT_FLUSH_EVERY = 32
 
 
 @dataclass(frozen=True)
-class JobSettings:
+class BatchSettings:
     """What one ``nvrm batch`` run reads and writes (its flags are generated from these fields)."""
 
     input: str = field(default="", metadata=meta("manifest.jsonl (rows with id, prompt, context, candidate(s))", required=True))
@@ -223,7 +223,7 @@ def run(
     """Score every (id, candidate) of ``manifest`` missing from ``output``; write each row once, durably.
 
     Args:
-        manifest: the job's JSONL manifest (see ``jobs/manifest.py``).
+        manifest: the run's JSONL manifest (see ``batch/manifest.py``).
         output: ``.jsonl``, ``.csv`` or ``.parquet``; refused if it is the manifest itself.
         executor: what turns units into rows (``LocalExecutor`` or ``RayExecutor``).
         resume, overwrite: continue an existing output, or replace it.
@@ -234,7 +234,7 @@ def run(
         The run's ``BatchSummary``.
     """
     t0 = time.perf_counter()
-    rows = read_job_manifest(manifest)
+    rows = read_manifest(manifest)
     sink = open_sink(output, resume=resume, overwrite=overwrite, manifest=manifest)
     try:
         staleness = stale(rows, sink.rows)

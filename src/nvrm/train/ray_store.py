@@ -7,7 +7,8 @@
 
 Every node must see the store folder and the videos at the same paths (a shared filesystem), as for
 ``nvrm batch --ray``. Shards are written atomically under unique names, so tasks never collide and a
-build that stops resumes (``nvrm.train.store``).
+build that stops resumes (``nvrm.train.store``). What the task needs of Ray and of the engine is
+``nvrm.cluster.ray_tasks``, shared with ``nvrm batch --ray``.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .ray_runner import _engine, _message, _require_ray
+from ..cluster.ray_tasks import error_text, require_ray, task_engine
 
 
 def make_prepare_batch(bundle: str, folder: str, fingerprint: str):
     """Task body: prepare a batch of (path, role)s and write them as one shard; counts and failures as data."""
 
     def prepare_batch(batch: dict[str, Any]) -> dict[str, Any]:
-        from ..train.store import StoreWriter, content_key
+        from .store import StoreWriter, content_key
 
-        engine = _engine(bundle)
+        engine = task_engine(bundle)
         writer = StoreWriter(folder, fingerprint)
         stored, failures = 0, []
         for path, role in zip(batch["path"], batch["role"]):
@@ -32,7 +33,7 @@ def make_prepare_batch(bundle: str, folder: str, fingerprint: str):
                 writer.add(content_key(path, role), str(path), engine.prepare(str(path), str(role)))
                 stored += 1
             except Exception as e:  # noqa: BLE001 - a failure is this video's data, not the job's end
-                failures.append(json.dumps({"path": str(path), "role": str(role), "error": _message(e)}))
+                failures.append(json.dumps({"path": str(path), "role": str(role), "error": error_text(e)}))
         writer.close()
         return {"stored": [stored], "failures": [json.dumps(failures)]}
 
@@ -42,7 +43,7 @@ def make_prepare_batch(bundle: str, folder: str, fingerprint: str):
 def build_store_on_ray(bundle: str, todo: list[tuple[str, str]], folder: str, fingerprint: str, *, address: str | None = None,
                        cpus_per_task: float = 1.0, videos_per_task: int = 32) -> dict[str, Any]:
     """Prepare ``todo`` on Ray into ``folder``: ``{"stored": n, "failed": [(path, role, message)]}``."""
-    ray = _require_ray()
+    ray = require_ray()
     started_here = False
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)

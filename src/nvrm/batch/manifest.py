@@ -153,7 +153,7 @@ def iter_manifest(path: Path) -> Iterator[ManifestRow | RowProblem]:
                 yield parse_line(text, n, base)
 
 
-def read_job_manifest(path: str | Path) -> list[ManifestRow | RowProblem]:
+def read_manifest(path: str | Path) -> list[ManifestRow | RowProblem]:
     """All rows; refuses a manifest whose ids repeat (their output rows would collide)."""
     path = Path(path)
     if path.is_dir():
