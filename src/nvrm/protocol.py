@@ -11,6 +11,7 @@ holds a raw ``.npy`` uint8 ``(T, H, W, 3)`` array (with ``fps``) or, without
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
@@ -19,6 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 BINARY_PART_CONTENT_TYPE = "application/octet-stream"
 REQUEST_PART = "request"
 """Name of the multipart part that holds the JSON request."""
+
+ADMIN_HEADER = "X-Nvrm-Admin-Key"
+"""The header an admin request (a model swap, ``PUT /v1/models/NAME``) carries the admin key in (``--admin-key-env``);
+header names are case-insensitive on the wire."""
+
+JOB_ID = re.compile(r"[0-9a-f]{32}")
+"""A job id as the service issues it (``POST /v1/jobs/...``, a uuid4's hex): anything else is refused unread, by the
+server before any store key is built from it and by the client before it is polled."""
 
 ROUTE_HEADER = "serve_multiplexed_model_id"
 """Header with the content hash of a request's context: Ray Serve routes requests that carry the same

@@ -71,7 +71,7 @@ def test_an_answer_larger_than_max_answer_kb_fails_its_row_without_being_read_wh
 
 
 def test_a_bomb_decodes_to_no_more_than_the_bound_whatever_its_ratio():
-    from nvrm.prefs.judge_answers import BoundedBody
+    from nvrm.remote.exchange import BoundedBody
 
     bomb = gzip.compress(b"\0" * (150 << 20), 9)  # about 150 KB that inflate to 150 MB
     got = BoundedBody("gzip", 64 << 10)

@@ -1,10 +1,10 @@
-"""A chat judge's answer read defensively (pure): bounded while it streams in, then checked shape by shape.
+"""A chat judge's answer read defensively (pure): checked shape by shape once it is in.
 
-A judge server is not trusted to be well behaved. Its body is decoded here (identity, gzip or
-deflate) with a bound on the *decoded* size, so a gzip bomb stops at ``--max-answer-kb`` instead of
-inflating in memory. The decoded text is then read as a chat completion (JSON) or a server-sent
-event stream of chunks; every field is checked for its type before it is used, so an answer of
-the wrong shape is one error with its reason, never an exception:
+A judge server is not trusted to be well behaved. Its body arrives bounded (``nvrm.remote.exchange``
+decodes identity, gzip or deflate with a bound on the *decoded* size, so a gzip bomb stops at
+``--max-answer-kb`` instead of inflating in memory). The decoded text is read here as a chat completion
+(JSON) or a server-sent event stream of chunks; every field is checked for its type before it is used,
+so an answer of the wrong shape is one error with its reason, never an exception:
 
 - ``choices`` a non-empty list of objects, ``message`` (``delta`` in a stream) an object;
 - ``content`` text, null, or a list of text parts (``[{"type": "text", "text": ...}]``, an OpenAI form);
@@ -18,7 +18,6 @@ not JSON at all says nothing about the pair: ``retry`` is set, and the run asks 
 from __future__ import annotations
 
 import json
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,55 +35,6 @@ class Reading:
     error: str | None = None
     retry: bool = False
     """The body says nothing about the pair (empty, HTML, not JSON): ask again."""
-
-
-class BoundedBody:
-    """An answer's body decoded as it arrives, holding at most ``limit`` decoded bytes."""
-
-    def __init__(self, encoding: str, limit: int):
-        enc = (encoding or "").strip().lower()
-        self.limit = limit
-        self.size = 0
-        self.parts: list[bytes] = []
-        self.too_large = False
-        self.error: str | None = None
-        self._z = None
-        if enc in ("gzip", "x-gzip"):
-            self._z = zlib.decompressobj(31)
-        elif enc == "deflate":
-            self._z = zlib.decompressobj(15)
-        elif enc not in ("", "identity"):
-            self.error = f"the answer's content-encoding {enc[:40]!r} is not gzip, deflate or identity"
-
-    @property
-    def done(self) -> bool:
-        """Nothing more is wanted: the bound is reached or the body cannot be decoded."""
-        return self.too_large or self.error is not None
-
-    def feed(self, data: bytes) -> None:
-        """Add raw bytes as received; stops (``done``) once more than ``limit`` decoded bytes came."""
-        if self.done:
-            return
-        if self._z is None:
-            self._keep(data)
-            return
-        try:
-            while data and not self.done:
-                self._keep(self._z.decompress(data, self.limit - self.size + 1))  # never more than the bound, whatever the ratio
-                data = self._z.unconsumed_tail
-        except zlib.error as e:
-            self.error = f"the answer's compressed body is damaged ({e})"
-
-    def _keep(self, out: bytes) -> None:
-        room = self.limit - self.size
-        if len(out) > room:
-            out, self.too_large = out[:room], True
-        self.parts.append(out)
-        self.size += len(out)
-
-    def text(self) -> str:
-        """The decoded body (up to the bound) as text."""
-        return b"".join(self.parts).decode("utf-8", errors="replace")
 
 
 def _loads(text: str) -> tuple[Any, str | None]:

@@ -12,7 +12,7 @@ server takes it (``structured=auto`` drops it for the run on the first server th
 temperature 0. Answers may come as JSON or as a server-sent event stream (``transformers serve``
 streams even when asked not to). ``--timeout-s`` bounds each request as a whole (connecting, sending
 and every byte of the answer), and an answer is read, decoded, no further than ``--max-answer-kb``
-(``judge_answers``). 429, 5xx, timeouts, connection errors and 200s that are no answer (empty, HTML,
+(``nvrm.remote.exchange``). 429, 5xx, timeouts, connection errors and 200s that are no answer (empty, HTML,
 not JSON) are retried with backoff (``Retry-After`` honoured). 3xx (not followed), 401, 403, 404 and
 405 say nothing about the pair (a wrong key, URL or model name): such judgments are not written, and
 ``--resume`` asks them again once fixed. Other 4xx, and answers of the wrong shape, are the pair's
@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -34,15 +33,18 @@ from urllib.parse import urlparse
 
 import httpx
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Retryable, ServiceError
+from ..remote.exchange import Backoff, Received, TooSlow, aexchange, aretrying, retry_after
 from ..scoring.items import sigmoid
-from .judge_answers import BoundedBody, read_chat_answer
+from .judge_answers import read_chat_answer
 
 VERDICT_SCHEMA = {"type": "object", "properties": {"winner": {"type": "string", "enum": ["first", "second", "tie"]}}, "required": ["winner"],
                   "additionalProperties": False}
 RETRY = {429, 500, 502, 503, 504}
 NOT_THIS_PAIR = {401, 403, 404, 405, 408}
 """Answers about the server or the credentials, not the pair: not written as the pair's judgment."""
+BACKOFF = Backoff(first_s=0.5, most_s=8.0)
+"""Waits between a judgment's tries: 0.5 s doubling to 8 s, with jitter (or the server's ``Retry-After``, to 30 s)."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,7 @@ class ChatJudge:
         key = os.environ.get(spec.key_env) if spec.key_env else None
         if spec.key_env and not key:
             raise ConfigError(f"judge {spec.name}: the environment variable {spec.key_env} (its API key) is empty or unset")
-        # the encodings BoundedBody decodes, within its bound
-        self.headers = {"Accept-Encoding": "gzip, deflate", **({"Authorization": f"Bearer {key}"} if key else {})}
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = http or httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
         self.notes: list[str] = []
         # the run's first request goes alone: a server that loads its model on first use loads it once. transformers
@@ -134,81 +135,77 @@ class ChatJudge:
             body.update(logprobs=True, top_logprobs=5)
         return body
 
-    async def _exchange(self, body: dict[str, Any]) -> tuple[int, httpx.Headers, BoundedBody]:
-        """One request and its answer, decoded as it streams in and read no further than --max-answer-kb."""
-        async with self.http.stream("POST", self.spec.url + "/chat/completions", json=body, headers=self.headers) as r:
-            got = BoundedBody(r.headers.get("content-encoding", ""), self.max_answer_kb * 1024)
-            async for data in r.aiter_raw():
-                got.feed(data)
-                if got.done:
-                    break
-            return r.status_code, r.headers, got
+    async def _exchange(self, body: dict[str, Any]) -> tuple[Received | None, str | None]:
+        """(the answer, None) or (None, why no answer came): one request through ``remote.exchange``, its answer decoded as
+        it streams in, read no further than --max-answer-kb, and the whole exchange (connecting, sending and every byte of
+        the answer) ended at --timeout-s, so a server trickling bytes is cut off too."""
+        try:
+            return await aexchange(self.http, "POST", self.spec.url + "/chat/completions", limit=self.max_answer_kb * 1024,
+                                   deadline=time.monotonic() + self.timeout_s, json=body, headers=self.headers), None
+        except TooSlow:
+            return None, f"ReadTimeout: the whole answer did not come within --timeout-s {self.timeout_s:g} s"
+        except httpx.TransportError as e:  # httpx's timeouts too
+            return None, f"{type(e).__name__}: {' '.join(str(e).split())[:200] or 'no answer'}"
 
-    async def _attempt(self, body: dict[str, Any]) -> tuple[int | None, httpx.Headers | None, BoundedBody | None, str | None]:
-        """(status, headers, body, None), or (None, None, None, why no answer came) within --timeout-s for the whole exchange;
-        no other request is sent before the run's first has its answer (or its failure)."""
+    async def _attempt(self, body: dict[str, Any]) -> tuple[Received | None, str | None]:
+        """``_exchange``; no other request is sent before the run's first has its answer (or its failure)."""
         if self._first_sent:
             await self._first_answered.wait()
-            return await self._exchange_within_timeout(body)
+            return await self._exchange(body)
         self._first_sent = True
         try:
-            return await self._exchange_within_timeout(body)
+            return await self._exchange(body)
         finally:
             self._first_answered.set()
 
-    async def _exchange_within_timeout(self, body: dict[str, Any]) -> tuple[int | None, httpx.Headers | None, BoundedBody | None, str | None]:
-        try:  # one deadline for connecting, sending and every byte of the answer: a server trickling bytes is cut off too
-            status, headers, got = await asyncio.wait_for(self._exchange(body), self.timeout_s)
-        except TimeoutError:
-            return None, None, None, f"ReadTimeout: the whole answer did not come within --timeout-s {self.timeout_s:g} s"
-        except httpx.TransportError as e:  # httpx's timeouts too
-            return None, None, None, f"{type(e).__name__}: {' '.join(str(e).split())[:200] or 'no answer'}"
-        return status, headers, got, None
-
     async def ask(self, content: list[dict]) -> Answer:
         """One judgment: retried with backoff after 429, 5xx, timeouts, dropped connections and 200s that are no answer."""
-        out, t0, wait = Answer(), time.perf_counter(), 0.5
-        while True:
-            out.attempts += 1
-            body = self.body(content)
-            status, headers, got, failure = await self._attempt(body)
-            if status == 200 and got is not None:
-                if self._read(got, headers, out):
-                    break
-                failure, out.error = out.error, None
-            elif status is not None and got is not None:
-                if status in (400, 422) and "response_format" in body and self.structured in ("auto", "none"):
-                    if self.structured == "auto":  # this server takes no response_format: a strict parser reads the answers
-                        self.structured = "none"
-                        self.notes.append(f"{self.spec.name}: the server refused response_format ({status}); answers are read with the strict parser")
-                    out.attempts -= 1
-                    continue
-                failure = f"the judge answered {status}: {' '.join(got.text()[:1000].split())[:200]}"
-                if 300 <= status < 400:
-                    failure += f" (a redirect to {str(headers.get('location', ''))[:120]!r}, not followed: give the URL it names)"
-                if status not in RETRY:
-                    out.error = failure
-                    # the key, the URL or the model: fixed once, asked again by --resume
-                    out.transient = status in NOT_THIS_PAIR or 300 <= status < 400
-                    break
-            if out.attempts > self.retries:
-                out.error, out.transient = f"{failure} (after {out.attempts} attempts)", True
-                break
-            retry_after = headers.get("retry-after", "") if headers is not None else ""
-            await asyncio.sleep(min(30.0, float(retry_after)) if retry_after.replace(".", "", 1).isdigit() else wait * (0.5 + random.random()))
-            wait = min(8.0, wait * 2)
+        out, t0 = Answer(), time.perf_counter()
+        try:
+            async for attempt in aretrying(self.retries, BACKOFF):
+                with attempt:
+                    out.attempts += 1
+                    await self._try(content, out)
+        except Retryable:
+            out.error, out.transient = f"{out.error} (after {out.attempts} attempts)", True
         out.seconds = time.perf_counter() - t0
         return out
 
-    def _read(self, got: BoundedBody, headers: httpx.Headers, out: Answer) -> bool:
+    async def _try(self, content: list[dict], out: Answer) -> None:
+        """One try: ``out`` holds the judgment or a final failure when it returns; ``Retryable`` (``out.error`` saying
+        why) when another try may answer (429, 5xx, no answer, a 200 that is no answer)."""
+        while True:
+            body = self.body(content)
+            got, out.error = await self._attempt(body)
+            if got is None:
+                raise Retryable(ServiceError(out.error or ""), None)
+            if got.status == 200:
+                if self._read(got, out):
+                    return
+                raise Retryable(ServiceError(out.error or ""), retry_after(got.headers))
+            if got.status in (400, 422) and "response_format" in body and self.structured in ("auto", "none"):
+                if self.structured == "auto":  # this server takes no response_format: a strict parser reads the answers
+                    self.structured = "none"
+                    self.notes.append(f"{self.spec.name}: the server refused response_format ({got.status}); answers are read with the strict parser")
+                continue  # asked again at once without it: not a try of its own
+            out.error = f"the judge answered {got.status}: {' '.join(got.body.text()[:1000].split())[:200]}"
+            if 300 <= got.status < 400:
+                out.error += f" (a redirect to {str(got.headers.get('location', ''))[:120]!r}, not followed: give the URL it names)"
+            if got.status in RETRY:
+                raise Retryable(ServiceError(out.error), retry_after(got.headers))
+            # the key, the URL or the model: fixed once, asked again by --resume
+            out.transient = got.status in NOT_THIS_PAIR or 300 <= got.status < 400
+            return
+
+    def _read(self, got: Received, out: Answer) -> bool:
         """Fill ``out`` from a 200 answer; False (``out.error`` says why) when it is no answer and is asked again."""
-        if got.error:
-            out.error = got.error
+        if got.body.error:
+            out.error = got.body.error
             return True
-        if got.too_large:
+        if got.body.too_large:
             out.error = f"the judge's answer is larger than --max-answer-kb {self.max_answer_kb} (decoded); read no further"
             return True
-        reading = read_chat_answer(got.text(), headers.get("content-type", ""), self.logprobs)
+        reading = read_chat_answer(got.body.text(), got.headers.get("content-type", ""), self.logprobs)
         out.text, out.usage, out.logprobs, out.error = reading.text, reading.usage, reading.logprobs, reading.error
         if reading.error:
             out.text = None

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, RefreshError
-
-ADMIN_HEADER = "X-Nvrm-Admin-Key"
-"""The header ``nvrm serve`` reads the admin key from (``nvrm.serve.models.model_swap.ADMIN_HEADER``)."""
+from ..protocol import ADMIN_HEADER
 
 
 def _base(url: str) -> str:
@@ -47,28 +45,27 @@ def _why(status: int, body: Any, text: str) -> str:
 
 
 def _answer(http, method: str, url: str, what: str, deadline: float, **kw: Any) -> tuple[int, Any, str]:
-    """(status, parsed JSON or None, the text's start) of ``what``'s answer, read up to ``MAX_ANSWER_BYTES`` and by
-    ``deadline`` (``time.monotonic``); ``RefreshError`` in one line past either."""
-    import time
+    """(status, parsed JSON or None, the text) of ``what``'s answer, through ``nvrm.remote.exchange`` (the client's and
+    the judges' bounded exchange): read up to ``MAX_ANSWER_BYTES`` and by ``deadline`` (``time.monotonic``),
+    ``RefreshError`` in one line past either. Not retried: a failed swap is retried by running the cycle again."""
+    from ..remote.exchange import TooSlow, exchange
 
-    got = bytearray()
-    with http.stream(method, url, **kw) as r:
-        declared = r.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
-            raise RefreshError(f"{what} answered {declared} bytes (at most {MAX_ANSWER_BYTES} are read): not an nvrm serve answer")
-        for chunk in r.iter_bytes():
-            got += chunk
-            if len(got) > MAX_ANSWER_BYTES:
-                raise RefreshError(f"{what} answered more than {MAX_ANSWER_BYTES} bytes (at most that is read): not an nvrm serve answer")
-            if time.monotonic() > deadline:
-                raise RefreshError(f"{what} did not finish its answer in time (--serve's timeout); the server is not answering as nvrm serve does")
-        status = r.status_code
-    text = got.decode("utf-8", "replace")
+    try:
+        got = exchange(http, method, url, limit=MAX_ANSWER_BYTES, deadline=deadline, **kw)
+    except TooSlow:
+        raise RefreshError(f"{what} did not finish its answer in time (--serve's timeout); the server is not answering as nvrm serve does") from None
+    if got.unread:
+        raise RefreshError(f"{what} answered {got.declared} bytes (at most {MAX_ANSWER_BYTES} are read): not an nvrm serve answer")
+    if got.body.too_large:
+        raise RefreshError(f"{what} answered more than {MAX_ANSWER_BYTES} bytes (at most that is read): not an nvrm serve answer")
+    if got.body.error:
+        raise RefreshError(f"{what}: {got.body.error}: not an nvrm serve answer")
+    text = got.body.text()
     try:
         body = json.loads(text)
     except (ValueError, RecursionError):
         body = None
-    return status, body, text
+    return got.status, body, text
 
 
 def _object(status: int, body: Any, text: str, what: str) -> dict[str, Any]:

@@ -1,23 +1,22 @@
 """HTTP for the client: one retry policy for sync and async, answers bounded in size and time.
 
-``Transport`` runs a request plan (``bodies.plan``) against ``nvrm serve`` with httpx. Connection
-errors and 502/503/504 are retried with exponential backoff and jitter (``Retry-After`` honoured,
-up to 30 s); every exchange as a whole is bounded by ``timeout`` and its answer by
-``max_response_bytes``; an error answer becomes a ``ServiceError`` with the server's code.
-The httpx clients can be handed in (an app served in process: ``fastapi.testclient.TestClient``).
+``Transport`` runs a request plan (``bodies.plan``) against ``nvrm serve`` through ``remote.exchange`` (the one
+bounded, retried exchange nvrm's judges and refresh swap use too). Connection errors and 502/503/504 are retried
+with exponential backoff and jitter (``Retry-After`` honoured, up to 30 s); every exchange as a whole is bounded by
+``timeout`` and its answer by ``max_response_bytes`` (decoded); an error answer becomes a ``ServiceError`` with the
+server's code. The httpx clients can be handed in (an app served in process: ``fastapi.testclient.TestClient``).
 """
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any, Generator
 
 import httpx
-from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt
 
 from ..errors import Retryable, ServiceError
 from ..protocol import ErrorCode
+from .exchange import Backoff, Received, TooSlow, aexchange, aretrying, exchange, retry_after, retrying
 
 __all__ = ["Retryable", "Transport", "failure", "RETRY_STATUS"]  # Retryable lives in nvrm.errors; importable here as before
 
@@ -36,10 +35,10 @@ def _advance(plan: Generator, reply: Any) -> tuple:
         return (_DONE, stop.value)
 
 
-def _whole(streamed: httpx.Response, body: bytearray) -> httpx.Response:
-    """A streamed answer, read (and decoded) into ``body``, as an ordinary response."""
-    headers = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(streamed.status_code, headers=headers, content=bytes(body), request=streamed.request)
+def _whole(got: Received) -> httpx.Response:
+    """A bounded answer, read and decoded, as an ordinary response."""
+    headers = [(k, v) for k, v in got.headers.multi_items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(got.status, headers=headers, content=got.body.bytes(), request=got.request)
 
 
 def failure(response: httpx.Response) -> ServiceError:
@@ -66,21 +65,11 @@ class Transport:
         self._async = ahttp
         self._owned = (http is None, ahttp is None)
 
-    def _wait(self, state) -> float:
-        error = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(error, Retryable) and error.retry_after is not None:
-            return min(error.retry_after, 30.0)
-        return self.backoff * (2 ** (state.attempt_number - 1)) * (0.5 + random.random())
-
-    def _policy(self) -> dict[str, Any]:
-        return {"stop": stop_after_attempt(self.retries + 1), "wait": self._wait, "retry": retry_if_exception_type(Retryable), "reraise": True}
-
     def check(self, response: httpx.Response, ok: tuple[int, ...] = (422,)) -> Any:
         """The JSON of ``response``; retryable or final ``ServiceError`` otherwise (``ok``: error statuses
         whose body is a normal answer, such as 422 when every item failed on its input)."""
         if response.status_code in RETRY_STATUS:
-            ra = response.headers.get("retry-after", "")
-            raise Retryable(failure(response), float(ra) if ra.replace(".", "", 1).isdigit() else None)
+            raise Retryable(failure(response), retry_after(response.headers))
         if response.status_code >= 400 and response.status_code not in ok:
             raise failure(response)
         try:
@@ -89,13 +78,19 @@ class Transport:
             kind = response.headers.get("content-type", "no content type")
             raise ServiceError(f"service answered {response.status_code} with {kind}, not JSON: {response.text[:120]!r}", response.status_code) from None
 
-    def _bounded(self, chunk: bytes, body: bytearray, deadline: float) -> bytes:
-        """``chunk``, unless the answer has passed the size cap or the exchange its deadline."""
-        if len(body) + len(chunk) > self.max_response_bytes:
+    def _answer(self, got: Received) -> httpx.Response:
+        """``got`` as a whole response, unless it passed the size cap or could not be decoded."""
+        if got.body.too_large:
             raise ServiceError(f"{self.url}: the answer is larger than max_response_bytes={self.max_response_bytes}; not read further")
-        if time.monotonic() > deadline:
-            raise Retryable(ServiceError(f"{self.url}: the answer took longer than timeout={self.timeout:g} s in all"), None)
-        return chunk
+        if got.body.error:
+            raise ServiceError(f"{self.url}: {got.body.error}", got.status)
+        return _whole(got)
+
+    def _late(self) -> Retryable:
+        return Retryable(ServiceError(f"{self.url}: the answer took longer than timeout={self.timeout:g} s in all"), None)
+
+    def _unreachable(self, e: httpx.TransportError) -> Retryable:
+        return Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None)
 
     def request(self, method: str, path: str, *, ok: tuple[int, ...] = (422,), **kwargs: Any) -> Any:
         """One exchange (retried), its JSON answer (``ok``: error statuses whose body is a normal answer)."""
@@ -103,18 +98,16 @@ class Transport:
         if self._sync is None:
             self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
         try:
-            for attempt in Retrying(**self._policy()):
+            for attempt in retrying(self.retries, Backoff(self.backoff)):
                 with attempt:
                     try:
-                        deadline = time.monotonic() + self.timeout
-                        with self._sync.stream(method, self.url + path, headers=headers, **kwargs) as r:
-                            body = bytearray()
-                            for chunk in r.iter_bytes():
-                                body += self._bounded(chunk, body, deadline)
-                            response = _whole(r, body)
+                        got = exchange(self._sync, method, self.url + path, limit=self.max_response_bytes,
+                                       deadline=time.monotonic() + self.timeout, headers=headers, **kwargs)
+                    except TooSlow:
+                        raise self._late() from None
                     except httpx.TransportError as e:
-                        raise Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
-                    return self.check(response, ok)
+                        raise self._unreachable(e) from e
+                    return self.check(self._answer(got), ok)
         except Retryable as e:
             raise e.error from None
 
@@ -124,28 +117,27 @@ class Transport:
         if self._async is None:
             self._async = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
         try:
-            async for attempt in AsyncRetrying(**self._policy()):
+            async for attempt in aretrying(self.retries, Backoff(self.backoff)):
                 with attempt:
                     try:
-                        deadline = time.monotonic() + self.timeout
-                        async with self._async.stream(method, self.url + path, headers=headers, **kwargs) as r:
-                            body = bytearray()
-                            async for chunk in r.aiter_bytes():
-                                body += self._bounded(chunk, body, deadline)
-                            response = _whole(r, body)
+                        got = await aexchange(self._async, method, self.url + path, limit=self.max_response_bytes,
+                                              deadline=time.monotonic() + self.timeout, headers=headers, **kwargs)
+                    except TooSlow:
+                        raise self._late() from None
                     except httpx.TransportError as e:
-                        raise Retryable(ServiceError(f"cannot reach {self.url}: {type(e).__name__}: {e}"), None) from e
-                    return self.check(response, ok)
+                        raise self._unreachable(e) from e
+                    return self.check(self._answer(got), ok)
         except Retryable as e:
             raise e.error from None
 
     def status(self, path: str) -> int | None:
-        """One GET, not retried: its status code, or None when the server cannot be reached."""
+        """One GET, not retried: its status code, or None when the server cannot be reached (or does not answer in time)."""
         if self._sync is None:
             self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
         try:
-            return self._sync.get(self.url + path, headers=self.headers).status_code
-        except httpx.TransportError:
+            return exchange(self._sync, "GET", self.url + path, limit=self.max_response_bytes, deadline=time.monotonic() + self.timeout,
+                            headers=self.headers).status
+        except (httpx.TransportError, TooSlow):
             return None
 
     def run(self, plan: Generator) -> Any:

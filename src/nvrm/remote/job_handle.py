@@ -7,16 +7,12 @@ longer holds (unknown, or expired after its ``--job-ttl-s``) is a ``ServiceError
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Any, Callable
 from urllib.parse import quote
 
 from ..errors import ServiceError
-
-JOB_ID = re.compile(r"[0-9a-f]{32}")
-"""The job ids ``nvrm serve`` issues (``uuid4().hex``); any other id in a submit answer is refused, so a
-server's answer never chooses which URL the client polls with its bearer key."""
+from ..protocol import JOB_ID  # any other id in a submit answer is refused: a server's answer never chooses the URL polled
 
 
 def job_id_of(answer: Any) -> str:

@@ -37,10 +37,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ...errors import ConfigError, Unavailable
-from ...protocol import ErrorCode
+from ...protocol import JOB_ID, ErrorCode
 
-JOB_ID = re.compile(r"[0-9a-f]{32}")
-"""The ids this service issues (uuid4 hex); anything else is unknown before any key is built from it."""
 RETRY_AFTER_S = 2
 _SECRET_KEY = re.compile(r"pass|secret|token|auth|cred|key", re.IGNORECASE)
 """Query parameters of a Redis URL whose values are never shown (``?password=...``, ``ssl_password``, ...)."""

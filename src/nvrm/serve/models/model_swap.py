@@ -31,15 +31,12 @@ from typing import Any, Callable
 from fastapi import APIRouter, Request
 
 from ...errors import NvrmError, RequestError
-from ...protocol import ErrorCode
+from ...protocol import ADMIN_HEADER, ErrorCode
 from ..batching.execution import FORWARD_LOCK
 from .registry import MultiServing
 from ..serving import Reply
 
 log = logging.getLogger(__name__)
-
-ADMIN_HEADER = "x-nvrm-admin-key"
-"""The request header holding the admin key (``--admin-key-env``)."""
 
 
 def check_admin(serving: MultiServing, key: str | None) -> Reply | None:
