@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from nvrm import Clip, RewardModel
-from nvrm.serve.models.registry import NamedModels, manifest_sha256
+from nvrm.serve.models.served import NamedModels
+from nvrm.serve.models.weights import manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from helpers import InProcessServer
 

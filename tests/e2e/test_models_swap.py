@@ -15,7 +15,8 @@ from nvrm import Clip, RewardModel
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 from nvrm.serve.models.model_swap import ADMIN_HEADER
-from nvrm.serve.models.registry import NamedModels, manifest_sha256, parse_model_specs
+from nvrm.serve.models.served import NamedModels, parse_model_specs
+from nvrm.serve.models.weights import manifest_sha256
 from helpers import InProcessServer
 
 CTX = Clip(moving_square(2, 64, 32, seed=1), fps=1)
@@ -237,7 +238,7 @@ def test_several_named_models(bundles, models, expected):
 def test_bundle_weight_bytes_reads_the_safetensors_headers(bundles):
     from safetensors import safe_open
 
-    from nvrm.serve.models.registry import bundle_weight_bytes, free_memory
+    from nvrm.serve.models.weights import bundle_weight_bytes, free_memory
 
     want = 0
     for f in sorted(bundles["b"].glob("*.safetensors")):

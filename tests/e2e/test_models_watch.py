@@ -12,7 +12,7 @@ import pytest
 from nvrm import Clip, RewardModel
 from nvrm.errors import ConfigError
 from nvrm.serve.models.model_watch import bundle_in, parse_watch_specs
-from nvrm.serve.models.registry import manifest_sha256
+from nvrm.serve.models.weights import manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 from helpers import InProcessServer

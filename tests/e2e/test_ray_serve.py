@@ -19,7 +19,7 @@ from helpers import GROUP_ULPS, bf16_ulp, in_threads
 from nvrm import Clip
 from nvrm.client import RewardClient
 from nvrm.serve.models.model_swap import ADMIN_HEADER
-from nvrm.serve.models.registry import manifest_sha256
+from nvrm.serve.models.weights import manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 

@@ -129,7 +129,7 @@ def test_display_rotation_is_not_applied_and_said_once(tmp_path, caplog):
 
 
 def test_file_cache_keys_cannot_collide_across_path_and_content(tmp_path):
-    from nvrm.serve.admission.media import _file_key
+    from nvrm.serve.admission.media import file_key as _file_key
 
     (tmp_path / "ab").write_bytes(b"c")  # sha256(path + bytes) would be the same for these two
     (tmp_path / "a").write_bytes(b"bc")
@@ -145,7 +145,7 @@ def test_hashing_a_file_is_bounded_in_time(tmp_path, monkeypatch):
     path.write_bytes(b"x" * (3 << 20))
     monkeypatch.setattr(media, "FILE_READ_SECONDS", -1)  # a read that is already late: a stalled mount
     with pytest.raises(InputError, match="could not be read within -1 s"):
-        media._file_key(str(path), "items[0].context")
+        media.file_key(str(path), "items[0].context")
 
 
 def test_relative_names_with_a_colon_are_files_not_protocols(model, clips, tmp_path, monkeypatch):

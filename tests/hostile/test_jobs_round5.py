@@ -18,7 +18,7 @@ from nvrm import Clip, RewardModel
 from nvrm.errors import ConfigError
 from nvrm.protocol import encode_frames
 from nvrm.serve.models.model_swap import ADMIN_HEADER
-from nvrm.serve.models.registry import manifest_sha256
+from nvrm.serve.models.weights import manifest_sha256
 from nvrm.synth.bundles import ArchSpec, build_tiny_bundle
 from nvrm.synth.clips import moving_square
 from redis_server import RedisServer

@@ -82,7 +82,7 @@ def decoding(model, vae):
 
 def test_a_stopped_decode_worker_is_killed_replaced_and_its_rollouts_scored(decoding):
     s = decoding
-    worker = s.app.state.jobs.decodes.workers[0]
+    worker = s.app.state.cosmos.decodes.workers[0]
     pid, hung, starts = worker.pid, worker.hung, worker.starts
     try:
         os.kill(pid, signal.SIGSTOP)
@@ -107,7 +107,7 @@ def test_a_worker_that_hangs_on_every_try_fails_its_rollouts_in_one_line(decodin
     from nvrm.serve.protocols.cosmos.decode_workers import DecodeWorker
 
     s = decoding
-    worker = s.app.state.jobs.decodes.workers[0]
+    worker = s.app.state.cosmos.decodes.workers[0]
     hung = worker.hung
     stopped: list[int] = []
     real = DecodeWorker._exchange
@@ -134,7 +134,7 @@ def test_a_worker_that_hangs_on_every_try_fails_its_rollouts_in_one_line(decodin
 
 def test_shutdown_finishes_while_a_decode_worker_hangs_mid_batch(model, vae):
     s = InProcessServer(model, max_wait_ms=10, latent_decoder=str(vae), decode_workers=1, decode_timeout_s=300)
-    pid = s.app.state.jobs.decodes.workers[0].pid
+    pid = s.app.state.cosmos.decodes.workers[0].pid
     rescue = threading.Timer(30, unstop, [pid])  # the old code's stop waits on the worker for ever: let it go then
     try:
         os.kill(pid, signal.SIGSTOP)

@@ -168,7 +168,7 @@ def test_an_admitted_body_is_held_once_while_it_is_read():
     import asyncio
     import tracemalloc
 
-    from nvrm.serve.http.transport import read_body
+    from nvrm.serve.http.request_bodies import read_body
 
     size, piece = 64 << 20, 1 << 16
 

@@ -8,7 +8,7 @@ from nvrm import Clip, make_reward_fn
 from nvrm.errors import ConfigError, RevisionMismatch
 from nvrm.rl.trl import trl_reward
 from nvrm.rl.verl import verl_compute_score
-from nvrm.serve.models.registry import manifest_sha256
+from nvrm.serve.models.weights import manifest_sha256
 from nvrm.synth.clips import moving_square
 from helpers import InProcessServer
 

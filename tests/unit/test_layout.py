@@ -211,13 +211,7 @@ def private_imports(path: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-TOLERATED_PRIVATE_IMPORTS = {
-    # serve/ is being split into feature folders (issue 55, items 1-5): the shared error responses of the native
-    # protocol become public there. Until then its three other protocols import them:
-    ("nvrm.serve.protocols.cosmos.cosmos_routes", "nvrm.serve.protocols.native", "_ERRORS"),
-    ("nvrm.serve.protocols.drm", "nvrm.serve.protocols.native", "_ERRORS"),
-    ("nvrm.serve.protocols.unirl", "nvrm.serve.protocols.native", "_ERRORS"),
-}
+TOLERATED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 """(importer, module, name) private imports tolerated for now, each with its reason; an entry goes once its import does."""
 
 

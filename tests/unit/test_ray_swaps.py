@@ -1,6 +1,6 @@
-"""The bookkeeping of a rolling swap over Ray Serve replicas (``nvrm.serve.ray.rolling_swap.Rollout``), without Ray."""
+"""The bookkeeping of a rolling swap over Ray Serve replicas (``nvrm.serve.ray.rolling_swap.RollingSwap``), without Ray."""
 
-from nvrm.serve.ray.rolling_swap import STALE_S, Rollout
+from nvrm.serve.ray.rolling_swap import STALE_S, RollingSwap
 
 
 class Clock:
@@ -13,7 +13,7 @@ class Clock:
 
 def rollout(n=3):
     clock = Clock()
-    r = Rollout({"nvrm": "/b/a", "mine": "/b/m"}, clock=clock)
+    r = RollingSwap({"nvrm": "/b/a", "mine": "/b/m"}, clock=clock)
     for i in range(n):
         assert r.claim(f"r{i}", {"nvrm": "/b/a", "mine": "/b/m"}) is None  # all on the target: nothing to do
     return r, clock

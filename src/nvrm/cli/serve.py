@@ -58,23 +58,21 @@ def run(args: argparse.Namespace) -> int:
     """``nvrm serve``: :func:`nvrm.serve.launch` over a background loader of ``--model`` (or Ray Serve with ``--ray``). Returns 0."""
     from .model_flags import backend_kwargs, settings_from_args
 
-    from ..serve.models import NamedModels, parse_model_specs
+    from ..serve.models.served import NamedModels, parse_model_specs
 
     config = config_from_args(args)
     settings = settings_from_args(args)
-    specs = parse_model_specs(args.model)
+    specs = parse_model_specs(args.model)  # one [(name, dir)] from here to every replica
     if args.ray and config.watch:
         raise ConfigError("--watch swaps on one server; with --ray each replica would swap on its own: "
                           "roll a swap over the replicas with PUT /v1/models/NAME (--admin-key-env) instead")
-    args.model = specs[0][1]
     backend = backend_kwargs(args)
     if args.ray and backend["backend"] != "nvrm":
         raise ConfigError("--backend vllm: Ray Serve replicas run nvrm's engine; serve vLLM with one nvrm serve per vLLM (or --vllm-url)")
     if args.ray:
-        from ..serve.ray_serve import serve_on_ray
+        from ..serve.ray.deployment import serve_on_ray
 
-        named = len(specs) > 1 or specs[0][0] != "nvrm"  # several models, or one under a name of its own
-        return serve_on_ray(specs if named else args.model, settings, config, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
+        return serve_on_ray(specs, settings, config, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                             cpus_per_replica=args.cpus_per_replica, address=args.ray_address)
     from ..scoring.reward_model import RewardModel
     from ..serve import launch

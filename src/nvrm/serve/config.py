@@ -4,14 +4,57 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
 from .._fields import meta as _help
 
 MAX_MB = 1 << 24
 """Largest size flag accepted, in MiB (16 TiB): beyond it a number is a typo, not a budget."""
+SECRET_QUERY_KEYS = re.compile(r"pass|secret|token|auth|cred|key", re.IGNORECASE)
+"""Query parameters of a URL setting (``--job-store``) whose values are never shown (``?password=...``, ``ssl_password``, ...)."""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its secrets (for messages): no user or password, no value of a query parameter that may hold one."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a Redis URL that does not parse)"
+    if "://" not in url:  # not a URL at all (``memory``, a typo): shown as given, unless it may hold a password
+        return url if "@" not in url and "?" not in url else "(a value that may hold a password)"
+    netloc = parts.netloc if "@" not in parts.netloc else "***@" + parts.netloc.rpartition("@")[2]
+    query = "&".join(f"{p.partition('=')[0]}=***" if SECRET_QUERY_KEYS.search(unquote(p.partition("=")[0])) else p
+                     for p in parts.query.split("&")) if parts.query else ""
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def secrets_of(url: str) -> list[str]:
+    """The secrets ``url`` holds (its password, and the values ``redacted`` hides), raw and decoded, longest first."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [url]
+    found = []
+    if "@" in parts.netloc:
+        found += [parts.netloc.rpartition("@")[0], parts.netloc.rpartition("@")[0].partition(":")[2]]
+    for p in parts.query.split("&") if parts.query else ():
+        key, _, value = p.partition("=")
+        if SECRET_QUERY_KEYS.search(unquote(key)):
+            found.append(value)
+    found += [unquote(s) for s in found]
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` on one line, each of ``secrets`` in it replaced by ``***``."""
+    text = " ".join(str(text).split())
+    for s in secrets:
+        text = text.replace(s, "***")
+    return text
 
 
 def parse_watch_specs(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -181,8 +224,6 @@ class ServeConfig:
             if name.endswith("_mb") and value > MAX_MB:
                 raise ConfigError(f"{name}={value!r} is more than {MAX_MB} MiB; give the memory this server may use")
         if self.job_store != "memory" and not self.job_store.startswith(("redis://", "rediss://", "unix://")):
-            from .jobs.redis_store import redacted
-
             raise ConfigError(f"--job-store {redacted(self.job_store)!r}: use memory, or redis://HOST:PORT/DB for a store every "
                               "replica shares")
         if self.watch:

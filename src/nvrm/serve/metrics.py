@@ -57,5 +57,10 @@ class Metrics:
         fl = Gauge("nvrm_inflight_bytes", "Bytes reserved by requests in flight (bodies and prepared-frame bounds; --max-inflight-mb)", registry=r)
         fl.set_function(inflight_bytes)
 
+    @staticmethod
+    def lookups(metric) -> Callable[[bool], None]:
+        """A cache's ``on_lookup``: counts each lookup of ``metric`` (labelled ``result``) as a hit or a miss."""
+        return lambda hit: metric.labels(result="hit" if hit else "miss").inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

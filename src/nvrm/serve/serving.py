@@ -1,168 +1,150 @@
-"""The service's logic, without HTTP: ``Serving`` answers each request as a ``Reply`` (status, body, headers).
+"""The service's logic, without HTTP: ``Serving`` admits requests in bytes and scores decoded work on the served
+models, answering typed results (``Scored``) or a ``Reply`` that refused them.
 
-Routes (``routes.py``) only turn an HTTP request into a call here and the ``Reply`` back into a
-response, so everything below is testable by calling it (``handle(work)``), and the app in process.
+Protocols (``protocols/``) only decode their wire into ``Work`` and encode ``Scored`` back into it; the routes only
+turn an HTTP request into a call there. So everything below is testable by calling it, and the app in process.
 
-    request ─► reserve the body's bytes ─► read it ─► decode (a thread: ``requests.parse_work``)
-            ─► reserve its prepared frames' bytes ─► handle: admit, submit to the scheduler, await
-            ─► Reply (200; 422 when every item failed on its input; 503 / 413 / 504 with a reason)
+    body ─► reserve its bytes ─► read it ─► decode (a thread, over ``parse_context()``)
+         ─► reserve its prepared frames' bytes (``admit``) ─► ``score``: lease the revision its model names,
+            check ``expect_revision``, submit to that revision's scheduler, await
+         ─► ``Scored`` (one result or error per item, and the revision that scored them), or a refusal
+            (503 / 413 / 504 / 409 with a reason)
 
-State shared by the routes lives here too: settings, metrics, the caches and the byte budget, and
-(once loaded) the model and its scheduler.
+``score`` is the one place a revision is leased (``Registry.acquire`` / ``release``): ``/v1``, UniRL, verl-omni and
+every job kind go through it. State shared by the routes lives here too: settings, metrics, the uploaded contexts,
+the byte budget, and the served models (``models.served.ServedModels``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ..errors import BackendUnavailable, InputError, RequestError, ShuttingDown
-from ..protocol import INPUT_CODES, ErrorCode, error_body
-from ..results import item_dict
-from .admission.budget import ByteBudget
-from .config import ServeConfig
-from .batching.contexts import ContextCache, ContextStore, PrefixCache
-from .admission.memory import Trimmer
-from .metrics import Metrics
-from .admission.requests import Work, parse_upload, parse_work
-from .batching.scheduler import Scheduler
+from ..protocol import ErrorCode
 from ..record import capture as record_capture
+from .admission.budget import ByteBudget
+from .admission.memory import Trimmer
+from .admission.requests import ParseContext, Work
+from .batching.contexts import UploadedContexts
+from .config import ServeConfig
+from .http.messages import PendingBody, Reply
+from .metrics import Metrics
+from .models.registry import ModelEntry
+from .models.served import ServedModels
+
+RETRY_S = 0.05
+"""How often patient work (a job: accepted, so never dropped) asks again for room in a full queue, or for a model
+``--swap-mode replace`` is loading."""
+
 
 @dataclass(frozen=True)
-class Reply:
-    """One answer: HTTP status, a JSON body and extra headers."""
+class Scored:
+    """Work's results, one per item in order (a ``ScoreResult``, or the ``NvrmError`` that item failed with), and the
+    revision that scored them (its name, digest, path and contract stay readable after it is freed)."""
 
-    status: int
-    body: Any
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def error(cls, code: ErrorCode | str, message: str, headers: dict[str, str] | None = None, *, status: int | None = None) -> "Reply":
-        """An error answer: ``code``'s HTTP status (or ``status``) and the JSON error body."""
-        code = ErrorCode(code)
-        return cls(code.status if status is None else status, error_body(code, message), headers or {})
-
-
-@dataclass(frozen=True)
-class Body:
-    """A request body not read yet: its content type, declared length and how to read it."""
-
-    content_type: str
-    content_length: str | None
-    read: Callable[[], Awaitable[bytes]]
+    results: list[Any]
+    entry: ModelEntry
 
 
 class Serving:
-    """The reward service's handlers over one model (installed once it is loaded)."""
+    """The reward service's logic over the served models (installed once they are loaded)."""
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, names: list[str] | None = None, rest: Callable[[], list[tuple[str, Any]]] | None = None):
         self.config = config
-        self.model = None
-        self.scheduler: Scheduler | None = None
-        self.load_error: str | None = None
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
         # freed memory goes back to the system once nothing is in flight (nvrm.serve.admission.memory)
         self.trimmer = Trimmer(lambda: self.budget.used == 0)
         self.budget = ByteBudget(int(config.max_inflight_mb * 1024 * 1024), on_release=self.trimmer.touch)
         self.metrics = Metrics(
-            lambda: self.scheduler.depth if self.scheduler else 0,
-            lambda: self.cache.bytes,
-            lambda: self.prefixes.bytes,
-            lambda: self.store.bytes,
+            lambda: self.models.scheduler.depth if self.models.scheduler else 0,
+            lambda: self.models.cache.bytes,
+            lambda: self.models.prefixes.bytes,
+            lambda: self.uploads.bytes,
             lambda: self.budget.used,
         )
-        self.cache = ContextCache(int(config.context_cache_mb * 1024 * 1024), self._counter(self.metrics.context_cache))
-        self.prefixes = PrefixCache(int(config.prefix_cache_mb * 1024 * 1024), self._counter(self.metrics.prefix_cache))
-        self.store = ContextStore(int(config.context_store_mb * 1024 * 1024), self._counter(self.metrics.context_store))
+        self.uploads = UploadedContexts(int(config.context_store_mb * 1024 * 1024), Metrics.lookups(self.metrics.context_store))
+        """Contexts uploaded once (``POST /v1/contexts``) or first sent inline, named by content hash (``--context-store-mb``)."""
+        self.models = ServedModels(config, self.metrics, names, rest)
         self.recorder = record_capture.from_serve(config)  # --record DIR: scored items kept off the request path (nvrm.record)
 
-    @staticmethod
-    def _counter(metric) -> Callable[[bool], None]:
-        return lambda hit: metric.labels(result="hit" if hit else "miss").inc()
+    # ------------------------------------------------------------ the served models
+
+    @property
+    def model(self):
+        """The default model (None while it loads or is replaced)."""
+        return self.models.model
+
+    @property
+    def scheduler(self):
+        """The default model's scheduler (None while it loads or is replaced)."""
+        return self.models.scheduler
+
+    @property
+    def registry(self):
+        """The registry of served models (``models.registry.Registry``)."""
+        return self.models.registry
+
+    @property
+    def names(self) -> list[str]:
+        """The served models' names, the default first."""
+        return self.models.names
+
+    @property
+    def free_memory(self) -> Callable[[Any], int]:
+        """Bytes free for a new model on a device (the swap's memory check; a test injects a figure)."""
+        return self.models.free_memory
+
+    @free_memory.setter
+    def free_memory(self, measure: Callable[[Any], int]) -> None:
+        self.models.free_memory = measure
 
     def install(self, model) -> None:
-        """Serve ``model`` from now on (its scheduler starts)."""
-        c = self.config
-        self.scheduler = Scheduler(model, max_batch_items=c.max_batch_items, max_wait_ms=c.max_wait_ms, share_wait_ms=c.share_wait_ms,
-                                   max_queue_items=c.max_queue_items, metrics=self.metrics, cache=self.cache, prefixes=self.prefixes)
-        self.model = model
+        """Serve ``model`` from now on (and the other named models; their schedulers start)."""
+        self.models.install(model)
 
     def drain(self, seconds: float, *, wait: bool = True) -> bool:
-        """The service's one drain: refuse new work at once, answer what is still open "shutting down" after
-        ``seconds``, and (``wait``) wait as long for the scorer to stop. Idempotent: the first call starts it
-        (a signal, or the app's shutdown), later ones only wait. True once the scorer has stopped (or never ran);
-        False without ``wait``, or while a forward pass is still running after ``seconds``."""
-        if self.scheduler is None:
-            return True
-        self.scheduler.begin_drain(seconds)
-        return self.scheduler.stop(seconds) if wait else False
+        """The service's one drain (``ServedModels.drain``)."""
+        return self.models.drain(seconds, wait=wait)
 
     # ------------------------------------------------------------ probes and info
 
     def not_ready(self) -> Reply | None:
-        if self.model is None:
-            return Reply.error(ErrorCode.NOT_READY, self.load_error or "model is loading", {"Retry-After": "2"})
-        return None
+        """503 while the default model is not served (loading, failed, or replaced); None once it is."""
+        return self.models.not_ready()
 
-    def ready(self) -> Reply:
-        if self.scheduler is not None and self.scheduler.draining:
-            return Reply.error(ErrorCode.SHUTTING_DOWN, "the server is shutting down", {"Retry-After": "1"})
-        return self.not_ready() or Reply(200, {"status": "ready"})
-
-    def info(self) -> Reply:
-        if (busy := self.not_ready()) is not None:
-            return busy
-        m = self.model
-        c = m.contract
-        sampling = {  # what a client needs to sample frames itself before uploading (nvrm.video.sampling)
-            "sample_fps": c.sample_fps,
-            "candidate_seconds": c.candidate_seconds,
-            "candidate_frames": c.candidate_frames,
-            "max_context_frames": c.max_context_frames,
-            "short_candidates": c.short_candidates,
-            "no_context": c.no_context,
-        }
-        return Reply(200, {
-            "model": m.info(),
-            "contract": {"fingerprint": m.fingerprint, "contract_fields_fingerprint": c.fingerprint, "fields": c.to_dict(), "sampling": sampling},
-            "limits": {**self.config.public(), **dataclasses.asdict(m.limits)},
-            "guard": m.guard.summary() if getattr(m, "guard", None) is not None else None,
-            "replica": self.replica,
-        })
-
-    def has_context(self, ref: str) -> Reply:
-        if (busy := self.not_ready()) is not None:
-            return busy
-        if self.store.get(ref) is None:
-            return Reply.error(ErrorCode.CONTEXT_UNKNOWN,
-                               f"context {ref[:16]} is not held by this server; upload it with POST /v1/contexts")
-        return Reply(200, {"ref": ref})
 
     # ------------------------------------------------------------ admission in bytes
 
     def refused(self, e: InputError) -> Reply:
         """A request refused before any work: its status and code (400 ``bad_request`` for a plain input error), counted."""
-        code = e.code if isinstance(e, RequestError) else ErrorCode.BAD_REQUEST
-        self.metrics.rejected.labels(reason=code).inc()
-        return Reply.error(code, str(e), status=e.status if isinstance(e, RequestError) else None)
+        return self.models.refused(e)
 
     def overloaded(self, what: str) -> Reply:
+        """503: ``what`` does not fit in the bytes in flight now."""
         self.metrics.rejected.labels(reason="memory").inc()
         return Reply.error(ErrorCode.OVERLOADED, f"{what}: the bytes in flight are at --max-inflight-mb ({self.budget.used} of {self.budget.max_bytes} "
                            "reserved); retry shortly", {"Retry-After": "1"})
 
-    def body_reservation(self, body: Body) -> int:
+    def too_large(self, what: str, need: int) -> Reply | None:
+        """413 when ``need`` bytes could never fit in ``--max-inflight-mb``; None when they could."""
+        if need <= self.budget.max_bytes:
+            return None
+        self.metrics.rejected.labels(reason="memory").inc()
+        return Reply.error(ErrorCode.TOO_LARGE, f"{what}: it needs up to {need} bytes, more than --max-inflight-mb allows ({self.budget.max_bytes})")
+
+    def body_reservation(self, body: PendingBody) -> int:
         """Bytes a body reserves before it is read: its declared length, else the body limit."""
         length = body.content_length or ""
         return min(int(length), self.config.max_body_bytes) if length.isdigit() else self.config.max_body_bytes
 
-    async def with_body(self, body: Body, what: str, then: Callable[[bytes, int], Awaitable[Reply]]) -> Reply:
-        """``then(raw, reserved)`` with the body read under its reservation (503 when it does not fit)."""
+    async def with_body(self, body: PendingBody, what: str, then: Callable[[bytes, int], Awaitable[Reply]]) -> Reply:
+        """``then(raw, reserved)`` with the body read under its reservation (503 when it does not fit); an ``InputError``
+        raised on the way is the request's refusal."""
         if (busy := self.not_ready()) is not None:
             return busy
         reserved = self.body_reservation(body)
@@ -176,33 +158,18 @@ class Serving:
         finally:
             self.budget.release(reserved)
 
-    async def upload(self, body: Body) -> Reply:
-        """``POST /v1/contexts``: keep one context, answer its ref."""
+    def parse_context(self, *, own_contexts: bool = True) -> ParseContext:
+        """What decoding a request reads of the service now: the settings, the uploaded contexts and the served models.
+        ``own_contexts=False``: with a store of 0 bytes, so a context named by ref is refused (409 ``context_unknown``;
+        nvrm's client then sends it inline) and none is kept: a job whichever replica takes may not hold it."""
+        targets, names, replacing = self.registry.parse_targets()
+        uploads = self.uploads if own_contexts else UploadedContexts(0, lambda hit: None)
+        return ParseContext(self.config, uploads, targets, names, replacing, kept=self.metrics.context_kept.inc)
 
-        async def keep(raw: bytes, _: int) -> Reply:
-            self.metrics.upload_bytes.labels(endpoint="contexts").inc(len(raw))
-            answer = await asyncio.to_thread(parse_upload, self, raw, body.content_type)
-            self.metrics.context_kept.inc()
-            return Reply(200, answer)
+    # ------------------------------------------------------------ scoring
 
-        return await self.with_body(body, "context upload", keep)
-
-    async def score(self, kind: str, body: Body) -> Reply:
-        """``POST /v1/score`` (``kind="score"``) or ``/v1/score_group`` (``"group"``)."""
-        t = time.perf_counter()
-
-        async def parsed(raw: bytes, reserved: int) -> Reply:
-            self.metrics.upload_bytes.labels(endpoint=kind).inc(len(raw))
-            work = await asyncio.to_thread(parse_work, self, raw, body.content_type, kind)
-            self.metrics.parse.observe(work.cpu_seconds)
-            self.metrics.context_hash.observe(work.hash_seconds)
-            self.metrics.receive.observe(time.perf_counter() - t - work.cpu_seconds - work.hash_seconds)
-            return await self.admit(work, reserved)
-
-        return await self.with_body(body, "request body", parsed)
-
-    async def admit(self, work: Work, body_bytes: int = 0) -> Reply:
-        """``handle(work)`` under a reservation of its prepared frames (413 if it could never fit, 503 if not now)."""
+    async def admit(self, work: Work, body_bytes: int = 0) -> "Scored | Reply":
+        """``score(work)`` under a reservation of its prepared frames (413 if it could never fit, 503 if not now)."""
         need = work.prepared_bytes
         if need + body_bytes > self.budget.max_bytes:
             self.metrics.rejected.labels(reason="memory").inc()
@@ -211,42 +178,58 @@ class Serving:
         if not self.budget.try_reserve(need):
             return self.overloaded("request")
         try:
-            return await self.handle(work)
+            return await self.score(work)
         finally:
             self.budget.release(need)
 
-    # ------------------------------------------------------------ the work itself
-
-    async def handle(self, work: Work) -> Reply:
-        """Score a decoded request: admitted to the scheduler, every item answered in its slot."""
-        if (busy := self.not_ready()) is not None:
+    async def score(self, work: Work, *, patient: bool = False) -> "Scored | Reply":
+        """``work`` scored on the revision serving the model it names now, which stays leased (in flight) until it is
+        answered: one result per item, or the refusal of the whole (409 on an ``expect_revision`` mismatch, 503 busy or
+        swapped to another contract meanwhile, 504 past ``--request-timeout-s``). ``patient`` (an accepted job): waits
+        while the scheduler's queue is full or ``--swap-mode replace`` loads the model, instead of refusing."""
+        if not patient and (busy := self.not_ready()) is not None:
             return busy
-        results = await self.results(work)
-        if isinstance(results, Reply):
-            return results
-        m = self.model
-        body = {
-            "results": [item_dict(r) for r in results],
-            "model": {"revision": m.revision, "path": str(m.path) if m.path else None},
-            "contract": m.fingerprint,
-            "replica": self.replica,
-        }
-        # a well-formed request: per-item errors ride in a 200, unless every item failed on its input
-        failed_on_input = body["results"] and all(r.get("error", {}).get("code") in INPUT_CODES for r in body["results"])
-        return Reply(422 if failed_on_input else 200, body)
+        try:
+            entry = await self._acquire(work.model, patient)
+        except RequestError as e:
+            return self.refused(e)
+        try:
+            if work.expect_revision is not None and work.expect_revision != entry.digest:
+                return Reply.error(ErrorCode.REVISION_MISMATCH,
+                                   f"expect_revision is {work.expect_revision}, but model {entry.name!r} is at revision {entry.digest}")
+            if work.fingerprint is not None and work.fingerprint != entry.fingerprint:
+                return Reply.error(ErrorCode.UNAVAILABLE,
+                                   f"model {entry.name!r} was swapped to another contract while this request was read; retry",
+                                   {"Retry-After": "1"})
+            results = await self._results(work, entry.scheduler, patient)
+            return results if isinstance(results, Reply) else Scored(results, entry)
+        finally:
+            self.registry.release(entry)
 
-    async def results(self, work: Work, scheduler: Scheduler | None = None) -> "list[Any] | Reply":
-        """One ``ScoreResult`` or error per item of ``work`` (on ``scheduler``, default the model's), or the ``Reply`` that refused it."""
-        scheduler, timeout = scheduler or self.scheduler, self.config.request_timeout_s
-        if not scheduler.try_admit(work.size):  # type: ignore[union-attr]
-            self.metrics.rejected.labels(reason="queue_full").inc()
-            return Reply.error(ErrorCode.OVERLOADED, f"queue is full ({scheduler.depth} items in flight); retry shortly",  # type: ignore[union-attr]
-                               {"Retry-After": "1"})
+    async def _acquire(self, name: str | None, patient: bool) -> ModelEntry:
+        while True:
+            try:
+                return self.registry.acquire(name)
+            except RequestError as e:  # 503 while --swap-mode replace loads its new revision: patient work waits
+                if not (patient and e.status == 503):
+                    raise
+            await asyncio.sleep(RETRY_S)
+
+    async def _results(self, work: Work, scheduler, patient: bool) -> "list[Any] | Reply":
+        """One ``ScoreResult`` or error per item of ``work`` on ``scheduler``, or the ``Reply`` that refused it."""
+        timeout = self.config.request_timeout_s
+        if work.size == 0:
+            return []
+        while not scheduler.try_admit(work.size):
+            if not patient:
+                self.metrics.rejected.labels(reason="queue_full").inc()
+                return Reply.error(ErrorCode.OVERLOADED, f"queue is full ({scheduler.depth} items in flight); retry shortly", {"Retry-After": "1"})
+            await asyncio.sleep(RETRY_S)
         deadline = time.monotonic() + timeout
         if work.kind == "score":
             futures = [scheduler.submit(p, c, d, deadline=deadline, exact=work.exact) for p, c, d in work.items]  # type: ignore[union-attr]
         else:
-            futures = [scheduler.submit_group(*work.group, deadline=deadline, exact=work.exact)]  # type: ignore[union-attr,misc]
+            futures = [scheduler.submit_group(*work.group, deadline=deadline, exact=work.exact)]  # type: ignore[misc]
         try:
             done = await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), timeout)
         except asyncio.TimeoutError:
@@ -263,5 +246,5 @@ class Serving:
                 return Reply.error(r.code, str(r), {"Retry-After": "1"}, status=r.status)
         if results and all(isinstance(r, BackendUnavailable) for r in results):  # the backend (vLLM) is down: nothing was scored
             return Reply.error(results[0].code, str(results[0]), {"Retry-After": "5"}, status=results[0].status)
-        record_capture.offer_work(self.recorder, work, results, scheduler.model)  # type: ignore[union-attr]
+        record_capture.offer_work(self.recorder, work, results, scheduler.model)
         return results

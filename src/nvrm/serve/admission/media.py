@@ -149,7 +149,7 @@ FILE_READ_SECONDS = 30
 """Longest a request's file may take to hash (regular files only; a FIFO or device is refused first)."""
 
 
-def _file_key(path: str, where: str) -> str:
+def file_key(path: str, where: str) -> str:
     """A content key for a file: sha256 over the length-prefixed path, then the bytes (no path/content
     pair can collide with another). Only regular files are read: a FIFO or device would block the
     parsing thread (opened non-blocking, checked, then read)."""
@@ -206,17 +206,17 @@ def to_media(
     keyed: bool = False,
     role: str = "candidate",
     contract: Contract | None = None,
-    store=None,
+    uploads=None,
 ) -> Media:
     """A validated VIDEO as a scoring input, with its content key when ``keyed`` (contexts; "" otherwise).
 
-    ``role`` is the slot it fills; ``contract`` checks pre-sampled frames; ``store`` (a ``ContextStore``)
+    ``role`` is the slot it fills; ``contract`` checks pre-sampled frames; ``uploads`` (the ``UploadedContexts``)
     resolves ``ref``s.
     """
     if video.ref is not None:
         if role != "context":
             raise InputError(f"{where}.ref", "only a context can be named by ref")
-        held = store.get(video.ref) if store is not None else None
+        held = uploads.get(video.ref) if uploads is not None else None
         if held is None:
             raise RequestError(
                 f"{where}.ref {video.ref[:16]}", "is not held by this server (never uploaded, or evicted); upload it with POST /v1/contexts",
@@ -234,7 +234,7 @@ def to_media(
 
     if video.path is not None:
         real = confine_path(video.path, allow_dirs, where)
-        return Media(real, _file_key(real, where) if keyed else "")
+        return Media(real, file_key(real, where) if keyed else "")
     if video.data is not None:
         data = _b64(video.data, f"{where}.data")
         if not data:

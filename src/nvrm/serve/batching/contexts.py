@@ -98,7 +98,7 @@ class PrefixCache:
             self._lru.put(key, prefix, prefix_bytes(prefix))
 
 
-class ContextStore(ByteLRU[str, Any]):
+class UploadedContexts(ByteLRU[str, Any]):
     """Uploaded contexts (``POST /v1/contexts``) by content hash: raw sampled frames or encoded bytes,
     LRU within ``max_bytes``. Requests name them with ``{"ref": hash}`` instead of carrying them.
 

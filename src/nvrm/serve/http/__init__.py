@@ -1,2 +1,3 @@
-"""HTTP plumbing shared by every route: reading bodies (``transport``), the middleware (one auth guard by path,
-metrics, JSON errors), the messages routes answer with (``Reply``) and the shared error responses (``routing``)."""
+"""HTTP plumbing shared by every route: reading and parsing request bodies (``request_bodies``), the middleware (one
+bearer guard by path, metrics, JSON errors), what routes hand around (``messages``: ``Reply``, ``PendingBody``) and
+what every router shares (``routing``: the documented error responses, ``respond``)."""

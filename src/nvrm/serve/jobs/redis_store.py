@@ -29,19 +29,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from ...errors import ConfigError, Unavailable
 from ...protocol import JOB_ID, ErrorCode
+from ..config import redacted, scrub, secrets_of
 
 RETRY_AFTER_S = 2
-_SECRET_KEY = re.compile(r"pass|secret|token|auth|cred|key", re.IGNORECASE)
-"""Query parameters of a Redis URL whose values are never shown (``?password=...``, ``ssl_password``, ...)."""
 
 _LIB = """
 local P = ARGV[1]
@@ -278,45 +275,6 @@ class Taken:
     extra: dict[str, Any]
     body: bytes
     want: dict[str, str] = field(default_factory=dict)
-
-
-def redacted(url: str) -> str:
-    """``url`` without its secrets (for messages): no user or password, no value of a query parameter that may hold one."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(a Redis URL that does not parse)"
-    if "://" not in url:  # not a URL at all (``memory``, a typo): shown as given, unless it may hold a password
-        return url if "@" not in url and "?" not in url else "(a value that may hold a password)"
-    netloc = parts.netloc if "@" not in parts.netloc else "***@" + parts.netloc.rpartition("@")[2]
-    query = "&".join(f"{p.partition('=')[0]}=***" if _SECRET_KEY.search(unquote(p.partition("=")[0])) else p
-                     for p in parts.query.split("&")) if parts.query else ""
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-
-
-def secrets_of(url: str) -> list[str]:
-    """The secrets ``url`` holds (its password, and the values ``redacted`` hides), raw and decoded, longest first."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return [url]
-    found = []
-    if "@" in parts.netloc:
-        found += [parts.netloc.rpartition("@")[0], parts.netloc.rpartition("@")[0].partition(":")[2]]
-    for p in parts.query.split("&") if parts.query else ():
-        key, _, value = p.partition("=")
-        if _SECRET_KEY.search(unquote(key)):
-            found.append(value)
-    found += [unquote(s) for s in found]
-    return sorted({s for s in found if s}, key=len, reverse=True)
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    """``text`` on one line, each of ``secrets`` in it replaced by ``***``."""
-    text = " ".join(str(text).split())
-    for s in secrets:
-        text = text.replace(s, "***")
-    return text
 
 
 def evicting(client) -> str | None:

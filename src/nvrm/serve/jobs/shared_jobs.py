@@ -1,13 +1,13 @@
-"""Jobs every replica answers (``--job-store redis://HOST:PORT/DB``): the HTTP side and the queue worker.
+"""Jobs every replica answers (``--job-store redis://HOST:PORT/DB``): the ``JobStorage`` over Redis, and the queue worker.
 
-    submit / enqueue ─► admit (counted in Redis from now) ─► read and check the body (400 here, as in one process)
-                     ─► queue the body in Redis ─► {"id"} / {"uuid", "replica_id"}
-    every replica's worker ─► take a job (and the rest of its group) on a lease ─► parse, score here
-                     ─► keep the result (first one wins; a late duplicate is dropped and counted)
-    fetch / pull (any replica) ─► the result from Redis: the same JSON the in-memory store answers
+    submit ─► admit (counted in Redis from now) ─► read and check the body (400 here, as in one process)
+           ─► queue the body in Redis ─► the kind's accepted answer ({"id"} / {"uuid", "replica_id"})
+    every replica's worker ─► take a job (and the rest of its group) on a lease ─► its kind parses and runs it here
+           ─► keep the outcome (first one wins; a late duplicate is dropped and counted)
+    fetch / pull (any replica) ─► the outcome from Redis: the same JSON the in-process storage keeps
 
-A job asks for the revisions serving the models it names when it is submitted (the digests its answer names);
-a replica takes only jobs it serves those revisions for, or revisions a model swap (on any replica, by any route:
+A job asks for the digests of the weights serving the models it names when it is submitted (what its answer names as
+their revisions); a replica takes only jobs it serves those for, or weights a model swap (on any replica, by any route:
 ``PUT /v1/models``, ``--watch``, ``nvrm refresh --serve``) put in their place, and then the answer says so
 (``accepted_revision``). A replica that dies stops renewing its leases; its jobs go back to the queue and another
 replica scores them, at most ``--job-attempts`` times: then the job fails with the reason. Redis unreachable: 503
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import threading
 import time
@@ -29,15 +27,12 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from ...errors import InputError, RequestError, Unavailable
-from ...protocol import ErrorCode, error_body
-from ...results import one_line
-from ..batching.contexts import ContextStore
-from ..protocols.cosmos.wire import Rollouts, parse_enqueue
-from ..models.registry import DEFAULT_NAME
+from ...errors import RequestError, Unavailable
+from ...protocol import ErrorCode
+from ..http.messages import Reply
+from .kinds import failure
 from .redis_store import RETRY_AFTER_S, RedisJobStore, Taken
-from ..admission.requests import parse_work
-from ..serving import Reply
+from .storage import JobRecord, JobStorage
 
 log = logging.getLogger(__name__)
 
@@ -47,44 +42,8 @@ REPLACE_LOAD_S = 600.0
 """How long, beyond --drain-timeout-s, a taken job waits for ``--swap-mode replace`` to load its model."""
 
 
-def rollouts_json(r: Rollouts) -> dict[str, Any]:
-    """A cosmos-rl job's outcome as the JSON kept in Redis."""
-    return {"rewards": r.rewards, "errors": {str(k): v for k, v in r.errors.items()}, "info": r.info,
-            "seconds": r.seconds, "decode_seconds": r.decode_seconds, "models": {n: rollouts_json(m) for n, m in r.models.items()}}
-
-
-def rollouts_of(d: dict[str, Any]) -> Rollouts:
-    """The ``Rollouts`` that ``rollouts_json`` wrote."""
-    return Rollouts(d["rewards"], {int(k): v for k, v in d["errors"].items()}, d["info"], d["seconds"], d["decode_seconds"],
-                    {n: rollouts_of(m) for n, m in d.get("models", {}).items()})
-
-
-def v1_json(reply: Reply) -> dict[str, Any]:
-    """A ``/v1/jobs`` job's answer (without its id) as kept in Redis: what ``GET /v1/jobs/{id}`` sends."""
-    if reply.status == 200:
-        return {"status": "done", **reply.body}
-    return {"status": "failed", "error": reply.body.get("error")}
-
-
-class _InlineContexts:
-    """``serving`` as a submit parses a job with: a context named by ref is refused (409 ``context_unknown``; nvrm's
-    client then sends it inline), because whichever replica takes the job may not hold it. The queued body is whole."""
-
-    def __init__(self, serving, store: ContextStore | None = None):
-        self._serving = serving
-        self.store = store or ContextStore(0, lambda hit: None)
-
-    def for_payload(self, payload):
-        """With several served models, the one the job names parses it, still without this replica's contexts."""
-        pick = getattr(self._serving, "for_payload", None)
-        return self if pick is None else _InlineContexts(pick(payload), self.store)
-
-    def __getattr__(self, name: str):
-        return getattr(self._serving, name)
-
-
 class SwapLog:
-    """This replica's model swaps (name, old revision, new) not yet recorded in Redis: the worker's next take does."""
+    """This replica's model swaps (name, old digest, new digest) not yet recorded in Redis: the worker's next take does."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -106,8 +65,12 @@ class SwapLog:
             del self._swaps[:n]
 
 
-class SharedJobs:
-    """``JobService``'s submit, fetch, pull and ping over the Redis store, and this replica's queue worker."""
+
+class SharedJobs(JobStorage):
+    """Jobs kept in Redis, which any replica answers, and this replica's worker scoring those it takes."""
+
+    holder = "this service"
+    own_contexts = False  # whichever replica takes a job may not hold this one's uploaded contexts: they travel inline
 
     def __init__(self, service):
         self.service, self.serving = service, service.serving
@@ -122,9 +85,7 @@ class SharedJobs:
         self.name = c.replica_id or self.serving.replica
         self.worker: QueueWorker | None = None
         self.swaps = SwapLog()
-        registry = getattr(self.serving, "registry", None)
-        if registry is not None:
-            registry.switched.append(self.swaps.add)
+        self.serving.registry.switched.append(self.swaps.add)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -134,25 +95,21 @@ class SharedJobs:
             self.worker = QueueWorker(self)
             self.worker.start()
 
-    def cancel_all(self) -> None:
+    def close(self) -> None:
         """Stop the worker (jobs it still holds go back to the queue when their leases expire)."""
         if self.worker is not None:
             self.worker.stop()
 
-    def revisions(self, *, serving: bool = False) -> dict[str, str]:
-        """{model name: revision} of this replica's models (``serving``: only those that take requests now, not one
+    def digests(self, *, serving: bool = False) -> dict[str, str]:
+        """{model name: weights digest} of this replica's models (``serving``: only those that take requests now, not one
         ``--swap-mode replace`` is loading)."""
-        registry = getattr(self.serving, "registry", None)
-        if registry is None:
-            m = self.serving.model
-            return {} if m is None else {DEFAULT_NAME: str(getattr(m, "revision", None) or "unversioned")}
-        return registry.revisions(serving=serving)
+        return self.serving.registry.digests(serving=serving)
 
-    def wanted(self, names) -> dict[str, str]:
-        """What a job naming the models ``names`` (None or empty: the default) asks for: the revisions serving them now."""
-        revisions = self.revisions()
-        default = next(iter(revisions), None)
-        return {n: revisions[n] for n in [n or default for n in (names or [None])] if n in revisions}
+    def wanted(self, names: list[str | None]) -> dict[str, str]:
+        """What a job scored by the models ``names`` (None: the default) asks for: the digests serving them now."""
+        digests = self.digests()
+        default = next(iter(digests), None)
+        return {n: digests[n] for n in [n or default for n in (names or [None])] if n in digests}
 
     async def call(self, fn, *args, **kw):
         """``fn(*args, **kw)`` on the store, off the event loop."""
@@ -163,12 +120,9 @@ class SharedJobs:
         self.serving.metrics.rejected.labels(reason=e.code).inc()
         return Reply.error(ErrorCode(e.code), str(e), {"Retry-After": str(RETRY_AFTER_S)})
 
-    # ------------------------------------------------------------ submitting
+    # ------------------------------------------------------------ JobStorage
 
-    async def _submit(self, what: str, body, check) -> Reply:
-        """Admit one job, read its body, ``check(raw, reserved, job_id)`` it (which queues it) and answer."""
-        if (busy := self.serving.not_ready()) is not None:
-            return busy
+    async def admit(self) -> "str | Reply":
         job_id = uuid.uuid4().hex
         try:
             why = await self.call(self.store.admit, job_id)
@@ -177,121 +131,62 @@ class SharedJobs:
         if why is not None:
             self.serving.metrics.rejected.labels(reason="jobs_full").inc()
             return Reply.error(ErrorCode.OVERLOADED, why, {"Retry-After": "1"})
-        reply = None
-        try:
-            reply = await self.serving.with_body(body, what, lambda raw, reserved: check(raw, reserved, job_id))
-            return reply
-        finally:
-            if reply is None or reply.status != 200:
-                with contextlib.suppress(Unavailable):
-                    await self.call(self.store.release, job_id)
+        return job_id
 
-    async def _queue(self, job_id: str, kind: str, group: str, extra: dict, raw: bytes, content_type: str, need: int,
-                     answer: dict, want: dict[str, str]) -> Reply:
-        budget = self.serving.budget
-        if need > budget.max_bytes:
-            return Reply.error(ErrorCode.TOO_LARGE, f"job: it needs up to {need} bytes, more than --max-inflight-mb allows "
-                               f"({budget.max_bytes})")
+    async def release(self, job_id: str) -> None:
+        with contextlib.suppress(Unavailable):
+            await self.call(self.store.release, job_id)
+
+    async def start(self, job_id: str, kind: Any, variant: str, job: Any, raw: bytes, content_type: str, need: int) -> Reply:
+        label = f"{kind.name}:{variant}" if variant else kind.name
         try:
-            if not await self.call(self.store.enqueue, job_id, kind, group, extra, raw, content_type, want):
+            if not await self.call(self.store.enqueue, job_id, label, kind.group(job), kind.extra(job), raw, content_type,
+                                   self.wanted(kind.models(job))):
                 raise Unavailable("job store", f"the admission of job {job_id} was lost (Redis restarted?); submit it again", 503,
                                   ErrorCode.JOB_STORE_UNAVAILABLE)
         except Unavailable as e:
             return self.down(e)
-        return Reply(200, answer)
+        return Reply(200, kind.accepted(job_id))
 
-    async def submit(self, kind: str, body) -> Reply:
-        """``POST /v1/jobs/score`` (``score_group``): checked here, queued for any replica."""
-
-        async def check(raw: bytes, reserved: int, job_id: str) -> Reply:
-            work = await asyncio.to_thread(parse_work, _InlineContexts(self.serving), raw, body.content_type, kind)
-            return await self._queue(job_id, f"v1:{kind}", "", {}, raw, body.content_type, reserved + work.prepared_bytes,
-                                     {"id": job_id, "status": "pending"}, self.wanted([work.model]))
-
-        return await self._submit("job body", body, check)
-
-    async def enqueue(self, body) -> Reply:
-        """``POST /api/reward/enqueue``: checked here (nothing decoded), queued; one prompt's rollouts are taken together."""
-        svc = self.service
-
-        async def check(raw: bytes, reserved: int, job_id: str) -> Reply:
-            req = await asyncio.to_thread(parse_enqueue, raw, self.serving.model.limits, has_decoder=svc.decoder is not None,
-                                          rules=svc.rules())
-            group = "c" + hashlib.sha256(json.dumps([req.prompts, req.fps]).encode()).hexdigest()[:24]
-            need = reserved + req.decoded_bytes() + svc._frames_bound(req)
-            return await self._queue(job_id, "cosmos", group, {"prompts": req.batch}, raw, body.content_type, need,
-                                     {"uuid": job_id, **svc.replica_answer()}, self.wanted(list(req.reward_fn)))
-
-        return await self._submit("enqueue body", body, check)
-
-    # ------------------------------------------------------------ answering
-
-    async def _job(self, job_id: str, kind: str, what: str) -> "dict | Reply":
+    async def get(self, job_id: str) -> "JobRecord | None | Reply":
         try:
             job = await self.call(self.store.get, job_id)
         except Unavailable as e:
             return self.down(e)
-        if job is None or not job.get("kind", "").startswith(kind):
-            return Reply.error(ErrorCode.JOB_UNKNOWN, f"{what} {job_id[:40]} is not held by this service (unknown, or its result "
-                               "expired after --job-ttl-s)")
-        if job.get("evicted"):
-            return Reply.error(ErrorCode.TOO_LARGE, f"{what} {job_id}: {job['evicted']}", status=507)
-        return job
+        if job is None:
+            return None
+        return JobRecord(job_id, job.get("kind", ""), job["state"] == "done", job.get("result"), job.get("extra") or {},
+                         job.get("evicted") or None, job.get("failed") or None, job.get("code"))
 
-    async def fetch(self, job_id: str) -> Reply:
-        """``GET /v1/jobs/{id}``, from any replica."""
-        job = await self._job(job_id, "v1", "job")
-        if isinstance(job, Reply):
-            return job
-        if job["state"] != "done":
-            return Reply(202, {"id": job_id, "status": "pending"}, {"Retry-After": "1"})
+    async def fetched(self, job_id: str) -> None:
         await asyncio.to_thread(self.store.mark_fetched, job_id)
-        if job.get("failed"):  # no replica could score it (a poison job, or nobody serves what it asked for)
-            return Reply(200, {"id": job_id, "status": "failed", **error_body(ErrorCode.read(job.get("code")) or ErrorCode.INTERNAL,
-                                                                              f"job {job_id}: {job['failed']}")})
-        return Reply(200, {"id": job_id, **job["result"]})
 
-    async def pull(self, job_id: str, kind: str) -> Reply:
-        """``POST /api/reward/pull``, from any replica (with or without cosmos-rl's pinning header)."""
-        job = await self._job(job_id, "cosmos", "uuid")
-        if isinstance(job, Reply):
-            return job
-        if (unknown := self.service.unknown_type(kind)) is not None:
-            return unknown
-        if job["state"] != "done":
-            return Reply.error(ErrorCode.NOT_READY, "the rewards are not ready yet; pull again", {"Retry-After": "1"}, status=425)
-        await asyncio.to_thread(self.store.mark_fetched, job_id)
-        if job.get("failed"):  # every item says why, none is lost
-            n = int(job["extra"].get("prompts", 1))
-            return self.service.pull_answer(Rollouts([None] * n, {i: f"uuid {job_id}: {job['failed']}" for i in range(n)}), kind)
-        return self.service.pull_answer(rollouts_of(job["result"]), kind)
-
-    async def ping(self) -> Reply:
-        """cosmos-rl's ping, with the shared store's counts."""
+    async def stats(self) -> "dict[str, Any] | Reply":
         try:
             held, pending, queued = await self.call(self.store.stats) if self.serving.model is not None else (0, 0, 0)
         except Unavailable as e:
             return self.down(e)
-        return Reply(200, {"status": "ok", "ready": self.serving.model is not None, "jobs": held, "pending": pending, "queued": queued,
-                           "replica": self.name})
+        return {"jobs": held, "pending": pending, "queued": queued, "replica": self.name}
 
     # ------------------------------------------------------------ scoring a taken job
 
-    async def execute(self, job: Taken) -> dict[str, Any]:
-        """Score a job taken from the queue, here: the JSON its fetch or pull answers (a failure included)."""
+    async def execute(self, taken: Taken) -> dict[str, Any]:
+        """Score a job taken from the queue, here: the outcome its fetch answers (a failure included)."""
+        kind = self.service.kind_of(taken.kind)
+        if kind is None:  # a kind this replica does not register (another version's): it fails, saying so
+            return {"status": "failed", "error": {"code": ErrorCode.INTERNAL, "message": f"job {taken.id}: kind {taken.kind!r} is unknown here"}}
         try:
-            if job.kind == "cosmos":
-                return await self._rollouts(job)
-            return await self._v1(job)
-        except Exception as e:  # noqa: BLE001 - a job always ends with a result
-            code = e.code if isinstance(e, (RequestError, Unavailable)) else (
-                ErrorCode.BAD_REQUEST if isinstance(e, InputError) else ErrorCode.INTERNAL)
-            if not isinstance(e, (InputError, Unavailable)):
-                log.exception("job %s failed", job.id)
-            if job.kind == "cosmos":
-                n = int(job.extra.get("prompts", 1))
-                return rollouts_json(Rollouts([None] * n, {i: one_line(e) for i in range(n)}))
-            return {"status": "failed", **error_body(code, one_line(e))}
+            await self._until_served()
+            ctx = self.serving.parse_context()
+            job = await asyncio.to_thread(kind.parse, ctx, taken.body, taken.content_type, taken.kind.partition(":")[2])
+            for name in kind.models(job):
+                await self._until_served(name)
+            async with self._reserved(len(taken.body) + kind.need(job)):
+                outcome = await self.service.run(kind, job)
+        except Exception as e:  # noqa: BLE001 - a job always ends with an outcome
+            return failure(kind, taken.extra, e)
+        kind.note_swap(outcome, taken.want)
+        return outcome
 
     @contextlib.asynccontextmanager
     async def _reserved(self, need: int):
@@ -309,44 +204,16 @@ class SharedJobs:
     async def _until_served(self, name: str | None = None) -> None:
         """Wait while ``--swap-mode replace`` loads the default model (or ``name``): an accepted job is scored once it is
         back, never failed for the swap. Bounded by the drain and a load (then the job fails with the reason)."""
-        registry = getattr(self.serving, "registry", None)
+        registry = self.serving.registry
         deadline = time.monotonic() + self.serving.config.drain_timeout_s + REPLACE_LOAD_S
 
         def loading() -> bool:
             if self.serving.model is None:
                 return True
-            return registry is not None and bool(registry.names) and (name or registry.names[0]) in registry.replacing
+            return bool(registry.names) and (name or registry.names[0]) in registry.replacing
 
         while loading() and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
-
-    async def _rollouts(self, job: Taken) -> dict[str, Any]:
-        svc, started = self.service, time.perf_counter()
-        await self._until_served()
-        req = await asyncio.to_thread(parse_enqueue, job.body, self.serving.model.limits, has_decoder=svc.decoder is not None,
-                                      rules=svc.rules())
-        async with self._reserved(len(job.body) + req.decoded_bytes() + svc._frames_bound(req)):
-            r = await svc._score_rollouts(req, started)
-        for name, scored in r.models.items():  # scored by a revision a swap put in the place of the one it asked for: say so
-            asked = job.want.get(name)
-            if asked is not None and scored.info.get("model_revision") not in (None, asked):
-                scored.info["accepted_revision"] = asked
-        return rollouts_json(r)
-
-    async def _v1(self, job: Taken) -> dict[str, Any]:
-        svc = self.service
-        await self._until_served()
-        work = await asyncio.to_thread(parse_work, self.serving, job.body, job.content_type, job.kind.partition(":")[2])
-        await self._until_served(work.model)
-        async with self._reserved(len(job.body) + work.prepared_bytes):
-            out = v1_json(await svc.v1_results(work))
-        model = out.get("model") if isinstance(out.get("model"), dict) else {}
-        asked = job.want.get(model.get("name", ""))
-        if asked is not None and model.get("revision") not in (None, asked):  # a swap put another revision in its place
-            out["accepted_revision"] = asked
-            out["note"] = (f"accepted while model {model.get('name')!r} was at revision {asked}; scored by revision "
-                           f"{model['revision']}, which a model swap put in its place")
-        return out
 
 
 class QueueWorker:
@@ -382,8 +249,8 @@ class QueueWorker:
                 continue
             try:
                 swaps = self.shared.swaps.pending()
-                taken = await self.shared.call(self.store.take, self.shared.name, free, served=self.shared.revisions(serving=True),
-                                               holds=self.shared.revisions(), links=swaps)
+                taken = await self.shared.call(self.store.take, self.shared.name, free, served=self.shared.digests(serving=True),
+                                               holds=self.shared.digests(), links=swaps)
                 self.shared.swaps.recorded(len(swaps))
                 down_since = None
             except Unavailable as e:
@@ -410,7 +277,7 @@ class QueueWorker:
         while True:
             await asyncio.sleep(every)
             try:  # also says this replica is alive, and what it serves
-                await self.shared.call(self.store.renew, list(self.active), self.shared.revisions())
+                await self.shared.call(self.store.renew, list(self.active), self.shared.digests())
             except Unavailable:
                 pass  # Redis is down: the take loop says so; the leases are renewed once it is back
             except Exception:  # noqa: BLE001 - renewing outlives any one failure (a lapse hands the jobs out again)

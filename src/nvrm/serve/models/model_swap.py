@@ -1,4 +1,5 @@
-"""``GET /v1/models`` and ``PUT /v1/models/{name}``: list the served models, and swap one under load.
+"""Swapping a served model under load: what ``PUT /v1/models/{name}`` (``model_routes``), ``--watch`` (``model_watch``) and
+a Ray Serve replica's turn in a roll (``ray.rolling_swap``) run.
 
     PUT {"path": DIR} with the admin key ─► checks (key, name, --allow-dir, one swap at a time)
         (or {"repo": ORG/NAME, "revision": REV}: the bundle from the Hub cache, downloaded there if need be)
@@ -28,20 +29,18 @@ import stat
 import threading
 from typing import Any, Callable
 
-from fastapi import APIRouter, Request
-
 from ...errors import NvrmError, RequestError
 from ...protocol import ADMIN_HEADER, ErrorCode
 from ..batching.execution import FORWARD_LOCK
-from .registry import MultiServing
-from ..serving import Reply
+from ..http.messages import Reply
+from .served import ServedModels
 
 log = logging.getLogger(__name__)
 
 
-def check_admin(serving: MultiServing, key: str | None) -> Reply | None:
+def check_admin(models: ServedModels, key: str | None) -> Reply | None:
     """401 without a key, 403 with a wrong one (or when swaps are off); None when ``key`` is the admin key."""
-    admin = serving.config.admin_key
+    admin = models.config.admin_key
     if admin is None:
         return Reply.error(ErrorCode.FORBIDDEN, "model swaps are off on this server; start it with --admin-key-env")
     if not key:
@@ -88,7 +87,7 @@ def from_hub(body: dict[str, Any]) -> str:
         raise RequestError("request.repo", str(e), code=ErrorCode.HUB_UNAVAILABLE) from e
 
 
-def allowed_path(serving: MultiServing, body: dict[str, Any]) -> str:
+def allowed_path(models: ServedModels, body: dict[str, Any]) -> str:
     """The bundle folder a swap body (``swap_body``) names, resolved, if it lies under an ``--allow-dir`` (else ``RequestError``)."""
     path = body.get("path")
     if not isinstance(path, str) or not path:
@@ -96,7 +95,7 @@ def allowed_path(serving: MultiServing, body: dict[str, Any]) -> str:
     if "\0" in path:
         raise RequestError("request.path", f"{path[:100]!r} holds a NUL byte, which no file path can hold")
     real = os.path.realpath(os.path.expanduser(path))
-    if not any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in serving.config.allow_dirs):
+    if not any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in models.config.allow_dirs):
         raise RequestError("request.path", f"{path} is not under an --allow-dir of this server", code=ErrorCode.FORBIDDEN)
     if not os.path.isdir(real):
         raise RequestError("request.path", f"{path} is not a bundle directory")
@@ -115,11 +114,11 @@ def warm_up(model) -> None:
         model.score("warm-up", context, Clip(moving_square(n, 64, 32, seed=2), fps=c.sample_fps))
 
 
-def default_loader(serving: MultiServing, name: str) -> Callable[[str], Any]:
+def default_loader(models: ServedModels, name: str) -> Callable[[str], Any]:
     """Loads a bundle with the settings (and on the backend) the running model of ``name`` was loaded with."""
     from ...scoring.reward_model import RewardModel
 
-    running = serving.registry.current(name).model
+    running = models.registry.current(name).model
     backend = getattr(running, "backend", "nvrm")
     url = getattr(getattr(running, "forward", None), "url", None) if backend == "vllm" else None
     return lambda path: RewardModel.from_pretrained(path, settings=running.settings, backend=backend, vllm_url=url)
@@ -159,7 +158,7 @@ def verified(path: str) -> None:
     anything but regular files (``special_file``) is refused before any of its files is opened."""
     from ...bundle.verify import verify_bundle
 
-    from .registry import manifest_sha256
+    from .weights import manifest_sha256
 
     if (why := special_file(path)) is not None:
         raise RequestError("request.path", why)
@@ -175,16 +174,16 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def memory_shortfall(serving: MultiServing, name: str, path: str) -> str | None:
+def memory_shortfall(models: ServedModels, name: str, path: str) -> str | None:
     """None when the bundle at ``path`` fits beside the revision serving ``name``; else why not, in one line."""
-    from .registry import bundle_weight_bytes
+    from .weights import bundle_weight_bytes
 
-    old = serving.registry.current(name)
+    old = models.registry.current(name)
     declared = bundle_weight_bytes(path)
     own = bundle_weight_bytes(old.path) if old.path else 0
     need = int(declared * old.memory / own) if own and old.memory else declared  # as loaded (dtype), like the running one
     device = getattr(old.model, "device", "cpu")
-    free = int(serving.free_memory(device))
+    free = int(models.free_memory(device))
     if need <= free:
         return None
     where = "available RAM" if not str(device).startswith("cuda") else f"free memory on {device}"
@@ -192,18 +191,18 @@ def memory_shortfall(serving: MultiServing, name: str, path: str) -> str | None:
             f"is {_gib(free)}; free memory, or start the server with --swap-mode replace (drains the old revision, then loads)")
 
 
-def load_checked(serving: MultiServing, name: str, path: str, *, fingerprint: str | None = None, load: Callable[[str], Any] | None = None,
+def load_checked(models: ServedModels, name: str, path: str, *, fingerprint: str | None = None, load: Callable[[str], Any] | None = None,
                  verify: bool = True):
     """Verify (unless done: ``verify=False``), load, check the contract (``fingerprint``: the running model's) and warm up
     a new revision of ``name`` (runs in a thread)."""
     if verify:
         verified(path)
     if fingerprint is None or load is None:
-        old = serving.registry.current(name)
-        fingerprint, load = old.model.fingerprint, serving.load_bundle or default_loader(serving, name)
+        old = models.registry.current(name)
+        fingerprint, load = old.model.fingerprint, models.load_bundle or default_loader(models, name)
     model = load(path)
     try:
-        if model.fingerprint != fingerprint and not serving.config.allow_contract_change:
+        if model.fingerprint != fingerprint and not models.config.allow_contract_change:
             raise RequestError("request.path", f"{path} has contract {model.fingerprint[:16]}, "
                                f"but model {name!r} serves {fingerprint[:16]}; "
                                "start the server with --allow-contract-change to allow it", code=ErrorCode.CONTRACT_MISMATCH)
@@ -214,35 +213,35 @@ def load_checked(serving: MultiServing, name: str, path: str, *, fingerprint: st
     return model
 
 
-def _replace(serving: MultiServing, name: str, path: str):
+def _replace(models: ServedModels, name: str, path: str):
     """``--swap-mode replace`` (runs in a thread): stop admitting to ``name``, drain and free its revision, then load
     ``path``; should that fail, load the old bundle again and raise. Returns (the new model, what the answer says)."""
-    old = serving.registry.current(name)
+    old = models.registry.current(name)
     if old.path is None:
         raise RequestError("request.path", f"model {name!r} was not loaded from a folder, so --swap-mode replace could not "
                            "load it again should the new bundle fail; swap it beside (free memory)")
-    fingerprint, load = old.model.fingerprint, serving.load_bundle or default_loader(serving, name)
-    serving.registry.hold(name)
-    if name == serving.names[0]:
-        serving.unpoint_default()
-    if not serving.registry.drained(old, serving.config.drain_timeout_s):
-        log.warning("model %s: revision %s did not drain in time; loading %s anyway", name, old.revision, path)
+    fingerprint, load = old.model.fingerprint, models.load_bundle or default_loader(models, name)
+    models.registry.hold(name)
+    if name == models.names[0]:
+        models.unpoint_default()
+    if not models.registry.drained(old, models.config.drain_timeout_s):
+        log.warning("model %s: revision %s did not drain in time; loading %s anyway", name, old.digest, path)
     try:
-        model = load_checked(serving, name, path, fingerprint=fingerprint, load=load, verify=False)
+        model = load_checked(models, name, path, fingerprint=fingerprint, load=load, verify=False)
     except BaseException as e:
         try:
             back = load(str(old.path))
         except BaseException:
             log.exception("model %s: the old bundle %s could not be loaded again", name, old.path)
             raise
-        serving.registry.add(serving.entry_for(name, back))
-        if name == serving.names[0]:
-            serving.point_default(serving.registry.current(name))
+        models.registry.add(models.entry_for(name, back))
+        if name == models.names[0]:
+            models.point_default(models.registry.current(name))
         if isinstance(e, RequestError):
-            raise RequestError(e.source, f"{e.reason} (--swap-mode replace: revision {old.revision[:16]} was loaded again)",
+            raise RequestError(e.source, f"{e.reason} (--swap-mode replace: revision {old.digest[:16]} was loaded again)",
                                e.status, e.code) from e
         raise
-    note = (f"--swap-mode replace: revision {old.revision} was drained and freed before {path} loaded; "
+    note = (f"--swap-mode replace: revision {old.digest} was drained and freed before {path} loaded; "
             f"requests for {name!r} got 503 meanwhile")
     return model, note
 
@@ -300,60 +299,32 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await done
 
 
-async def swap(serving: MultiServing, name: str, path: str) -> Reply:
+async def swap(models: ServedModels, name: str, path: str) -> Reply:
     """Load ``path`` beside the model serving ``name`` and switch to it; 409 while another swap runs."""
-    if not serving.registry.swapping.acquire(blocking=False):
+    if not models.registry.swapping.acquire(blocking=False):
         return Reply.error(ErrorCode.SWAP_IN_PROGRESS, "another model swap is running; retry once it has finished")
     try:
-        old = serving.registry.current(name)
+        old = models.registry.current(name)
         await in_daemon_thread(verified, path)
-        short = await in_daemon_thread(memory_shortfall, serving, name, path)
-        replace = serving.config.swap_mode == "replace"
+        short = await in_daemon_thread(memory_shortfall, models, name, path)
+        replace = models.config.swap_mode == "replace"
         if short is not None and not replace:
             return Reply.error(ErrorCode.TOO_LARGE, short, status=507)
         note = None
         if replace:
-            model, note = await in_daemon_thread(_replace, serving, name, path)
+            model, note = await in_daemon_thread(_replace, models, name, path)
         else:
-            model = await in_daemon_thread(lambda: load_checked(serving, name, path, verify=False))
-        new = serving.entry_for(name, model)
-        serving.registry.add(new)
-        if name == serving.names[0]:
-            serving.point_default(new)
-        log.info("model %s: swapped revision %s -> %s%s", name, old.revision, new.revision, f" ({note})" if note else "")
-        return Reply(200, {"name": name, "revision": new.revision, "previous_revision": old.revision, "contract": model.fingerprint,
+            model = await in_daemon_thread(lambda: load_checked(models, name, path, verify=False))
+        new = models.entry_for(name, model)
+        models.registry.add(new)
+        if name == models.names[0]:
+            models.point_default(new)
+        log.info("model %s: swapped revision %s -> %s%s", name, old.digest, new.digest, f" ({note})" if note else "")
+        return Reply(200, {"name": name, "revision": new.digest, "previous_revision": old.digest, "contract": model.fingerprint,
                            "swap_mode": "replace" if replace else "beside", **({"note": note} if note else {})})
     except RequestError as e:
-        return serving.refused(e)
+        return models.refused(e)
     except NvrmError as e:
         return Reply.error(ErrorCode.BAD_REQUEST, f"model {name!r}: {path} could not be loaded: {e}")
     finally:
-        serving.registry.swapping.release()
-
-
-def models_router(serving: MultiServing, swap_with: Callable[..., Any] | None = None) -> APIRouter:
-    """``GET /v1/models`` and the admin's ``PUT /v1/models/{name}`` (swapped by ``swap_with``, else by ``swap``)."""
-    router = APIRouter()
-    swap_with = swap_with or swap
-    from ..protocols.native import response
-
-    @router.get("/v1/models", summary="The served models: name, revision (manifest sha256), contract, state, memory")
-    async def list_models():
-        return response(serving.list_models())
-
-    @router.put("/v1/models/{name}", summary='Swap a model under load: {"path": BUNDLE_DIR} under --allow-dir, or {"repo": ..., '
-                '"revision": ...} from the Hub, with the admin key')
-    async def put_model(name: str, request: Request):
-        if (refused := check_admin(serving, request.headers.get(ADMIN_HEADER))) is not None:
-            return response(refused)
-        if (busy := serving.not_ready()) is not None:
-            return response(busy)
-        try:
-            serving.registry.current(name)
-            body = swap_body(await request.body())
-            path = await asyncio.to_thread(from_hub, body) if "repo" in body else allowed_path(serving, body)
-        except RequestError as e:
-            return response(serving.refused(e))
-        return response(await swap_with(serving, name, path))
-
-    return router
+        models.registry.swapping.release()

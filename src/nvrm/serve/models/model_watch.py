@@ -98,10 +98,10 @@ def files_state(folder: Path) -> tuple:
 class Watcher:
     """Polls each watched folder and swaps its model to a new complete bundle found there."""
 
-    def __init__(self, serving: Any, specs: list[tuple[str, str]], interval_s: float):
-        self.serving, self.specs, self.interval_s = serving, specs, interval_s
+    def __init__(self, models: Any, specs: list[tuple[str, str]], interval_s: float):
+        self.models, self.specs, self.interval_s = models, specs, interval_s
         self.refused: dict[str, tuple] = {}
-        """name -> (revision, files) of the bundle last refused (logged once; tried again when its files change)"""
+        """name -> (digest, files) of the bundle last refused (logged once; tried again when its files change)"""
 
     def check_names(self, names: list[str]) -> None:
         """``ConfigError`` naming the served models if a watched name is not one of them."""
@@ -123,20 +123,20 @@ class Watcher:
     async def poll(self) -> list[str]:
         """One look at every watched folder; returns the names swapped."""
         from .model_swap import swap
-        from .registry import manifest_sha256
+        from .weights import manifest_sha256
 
         swapped: list[str] = []
-        if self.serving.not_ready() is not None:
+        if self.models.not_ready() is not None:
             return swapped
         for name, where in self.specs:
             bundle = bundle_in(where)
-            revision = manifest_sha256(bundle) if bundle is not None else None
-            if revision is None or revision == self.serving.registry.current(name).revision:
+            digest = manifest_sha256(bundle) if bundle is not None else None
+            if digest is None or digest == self.models.registry.current(name).digest:
                 continue
-            state = (revision, files_state(bundle))
+            state = (digest, files_state(bundle))
             if self.refused.get(name) == state:
                 continue
-            reply = await swap(self.serving, name, str(bundle))
+            reply = await swap(self.models, name, str(bundle))
             if reply.status == 200:
                 self.refused.pop(name, None)
                 swapped.append(name)
@@ -145,5 +145,5 @@ class Watcher:
                 self.refused[name] = state
                 message = reply.body.get("error", {}).get("message", f"status {reply.status}")
                 log.error("--watch: model %s: %s not loaded (%s); still serving revision %s",
-                          name, bundle, message, self.serving.registry.current(name).revision)
+                          name, bundle, message, self.models.registry.current(name).digest)
         return swapped

@@ -22,24 +22,27 @@ a pickle is never read.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 
 from ...clip import Clip
 from ...errors import RequestError
 from ...protocol import INPUT_CODES, ErrorCode, Video
+from ...results import item_dict
 from ..admission.budget import prepared_bytes
 from ..admission.media import Media, to_media
-from ..admission.requests import Work
-from .native import _ERRORS, body_of, response
-from ..serving import Body, Reply, Serving
-from .unirl import pickle_refusal, pickled, token_refusal
+from ..admission.requests import ParseContext, Work
+from ..http.messages import Reply
+from ..http.routing import ERRORS, pending_body, respond
+from ..serving import Scored
+from .native import served_by
+from .spec import ProtocolSpec, Wire
+from .unirl import pickle_refusal, pickled
 
 PROTOCOL_VERSION = "1"
 PROTOCOL_HEADER = "x-drm-protocol-version"
@@ -110,9 +113,18 @@ def _fps(meta: dict[str, str], key: str, default: str | None, limits) -> float:
     return fps
 
 
-def parse_drm(serving: Serving, raw: bytes) -> Work:
-    """A DRM safetensors body as one scoring item (the candidate's frames, its context, its prompt). Runs in a worker thread."""
-    limits, contract = serving.model.limits, serving.model.contract
+def decode_drm(ctx: ParseContext, raw: bytes, version: str | None) -> Work:
+    """A DRM safetensors body (``version``: its protocol header) as one scoring item (the candidate's frames, its context,
+    its prompt), by the default model. Runs in a worker thread."""
+    if pickled(raw) or version is None:  # verl-omni's pickle client sends no protocol header
+        if pickled(raw):
+            raise pickle_refusal("DRM scorer body")
+        raise RequestError("DRM scorer body", f"no {PROTOCOL_HEADER} header; this route reads the safetensors protocol ({PROTOCOL_HEADER}: "
+                           f"{PROTOCOL_VERSION}, a safetensors body; docs/serving.md)", code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
+    if version != PROTOCOL_VERSION:
+        raise RequestError(f"header {PROTOCOL_HEADER}", f"is {version[:16]!r}; this server speaks version {PROTOCOL_VERSION}")
+    model = ctx.default.model
+    limits, contract = model.limits, model.contract
     tensors, meta, start = safetensors_header(raw)
     if "frames" not in tensors:
         sd35 = "latents" in tensors or "prompt_embeds" in tensors
@@ -140,49 +152,45 @@ def parse_drm(serving: Serving, raw: bytes) -> Work:
         context = Media(Clip(arr, cfps, name="context"), "frames:" + key)
     else:
         video = Video(path=meta["context_path"]) if given[0] == "context_path" else Video(ref=meta["context_ref"])
-        context = to_media(video, serving.config.allow_dirs, f"{_WHERE} __metadata__[{given[0]!r}]", {}, limits, keyed=True, role="context",
-                           contract=contract, store=serving.store)
+        context = to_media(video, ctx.config.allow_dirs, f"{_WHERE} __metadata__[{given[0]!r}]", {}, limits, keyed=True, role="context",
+                           contract=contract, uploads=ctx.uploads)
     work = Work("score", False, items=[(prompt, context, candidate)])
     work.body_bytes = len(raw)
     work.prepared_bytes = prepared_bytes([(context.value, "context", context.key), (candidate.value, "candidate", "")], contract, limits,
-                                         serving.model.engine.codec is not None)
+                                         model.engine.codec is not None)
     return work
 
 
-async def drm_score(serving: Serving, body: Body, version: str | None) -> Reply:
-    """``POST /drm/score``: one sample's raw reward in verl-omni's DRM answer, or an error naming the input."""
+class DrmProtocol(ProtocolSpec[Work]):
+    """verl-omni's scorer route, ``/drm/score`` (its ``server_url``): one sample's raw reward."""
 
-    async def parsed(raw: bytes, reserved: int) -> Reply:
-        if pickled(raw) or version is None:  # verl-omni's pickle client sends no protocol header
-            return pickle_refusal("DRM scorer body") if pickled(raw) else Reply.error(
-                ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"DRM scorer body: no {PROTOCOL_HEADER} header; this route reads the safetensors "
-                f"protocol ({PROTOCOL_HEADER}: {PROTOCOL_VERSION}, a safetensors body; docs/serving.md)")
-        if version != PROTOCOL_VERSION:
-            raise RequestError(f"header {PROTOCOL_HEADER}", f"is {version[:16]!r}; this server speaks version {PROTOCOL_VERSION}")
-        work = await asyncio.to_thread(parse_drm, serving, raw)
-        reply = await serving.admit(work, reserved)
-        if reply.status not in (200, 422):
-            return reply
-        [result] = reply.body["results"]
-        if "error" in result:
-            return Reply(422 if result["error"]["code"] in INPUT_CODES else 500, {"error": result["error"]})
-        return Reply(200, {"protocol_version": PROTOCOL_VERSION, "raw_scores": [result["reward"]], "contract": reply.body["contract"],
-                           "model": reply.body["model"],
-                           **({"off_contract": result["off_contract"]} if result.get("off_contract") else {})},
+    name = "verl-omni DRM"
+    protected = ("/drm/",)
+
+    def decode(self, ctx: ParseContext, wire: Wire) -> Work:
+        """The safetensors body as one item (``decode_drm``)."""
+        return decode_drm(ctx, wire.raw, wire.headers.get(PROTOCOL_HEADER))
+
+    def encode(self, decoded: Work, outcome: Scored) -> Reply:
+        """``{"protocol_version", "raw_scores": [reward], ...}``, or the item's error (422 for its input's fault, else 500)."""
+        [result] = outcome.results
+        if isinstance(result, BaseException):
+            error = item_dict(result)["error"]
+            return Reply(422 if error["code"] in INPUT_CODES else 500, {"error": error})
+        e = outcome.entry
+        return Reply(200, {"protocol_version": PROTOCOL_VERSION, "raw_scores": [result.reward], "contract": e.fingerprint,
+                           "model": served_by(e),
+                           **({"off_contract": list(result.off_contract)} if result.off_contract else {})},
                      {PROTOCOL_HEADER: PROTOCOL_VERSION})
 
-    return await serving.with_body(body, "DRM scorer body", parsed)
+    def attach_router(self, app: FastAPI) -> None:
+        """``POST /drm/score``."""
+        router = APIRouter(prefix="/drm")
+        config = self.serving.config
 
+        @router.post("/score", summary="verl-omni: one sample's reward over the safetensors protocol (x-drm-protocol-version: 1)",
+                     responses={**ERRORS, 422: {"description": "the sample could not be scored (its one-line reason)"}})
+        async def drm_score_route(request: Request):
+            return respond(await self.answer(pending_body(request, config), "DRM scorer body"))
 
-def drm_router(serving: Serving) -> APIRouter:
-    """verl-omni's scorer route: ``/drm/score`` (its ``server_url``)."""
-    router = APIRouter(prefix="/drm")
-    config = serving.config
-
-    @router.post("/score", summary="verl-omni: one sample's reward over the safetensors protocol (x-drm-protocol-version: 1)",
-                 responses={**_ERRORS, 422: {"description": "the sample could not be scored (its one-line reason)"}})
-    async def drm_score_route(request: Request):
-        refused = token_refusal(serving, request)
-        return response(refused or await drm_score(serving, body_of(request, config), request.headers.get(PROTOCOL_HEADER)))
-
-    return router
+        app.include_router(router)

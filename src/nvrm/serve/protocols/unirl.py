@@ -22,20 +22,21 @@ error's status only when no item is left to score. A pickle body gets 415.
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 
 from ...errors import InputError, RequestError
 from ...protocol import ErrorCode, ErrorResponse
 from ...results import one_line
-from ..admission.requests import Work, parse_work
-from .native import _ERRORS, body_of, response
-from ..serving import Body, Reply, Serving
-from ..http.transport import parse_json
+from ..admission.requests import ParseContext, Work, parse_work
+from ..http.messages import Reply
+from ..http.request_bodies import parse_json
+from ..http.routing import ERRORS, pending_body, respond
+from ..serving import Scored
+from .spec import ProtocolSpec, Wire
 
 PROTOCOL_VERSION = "1"
 REWARD_NAME = "nvrm"
@@ -57,10 +58,10 @@ def pickled(raw: bytes) -> bool:
     return not (len(raw) >= 9 and 8 + n <= len(raw) and raw[8:9] == b"{")
 
 
-def pickle_refusal(where: str) -> Reply:
+def pickle_refusal(where: str) -> RequestError:
     """The 415 a pickle body gets: nvrm never unpickles a request."""
-    return Reply.error(ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"{where}: a pickle body is never read; send JSON here, or use the safetensors "
-                       "protocol (POST /drm/score with header x-drm-protocol-version: 1; docs/serving.md)")
+    return RequestError(where, "a pickle body is never read; send JSON here, or use the safetensors protocol (POST /drm/score with "
+                        "header x-drm-protocol-version: 1; docs/serving.md)", code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
 
 
 def _video(entry: Any, where: str) -> dict[str, str]:
@@ -109,10 +110,26 @@ def _identity(req: Any, fingerprint: str) -> dict[str, Any]:
     return {**{k: got.get(k) for k in IDENTITY_KEYS}, "scorer_version": fingerprint}
 
 
-def _parse(serving: Serving, raw: bytes) -> tuple[list[Any], Work, list[int], dict[int, InputError]]:
-    """(the requests, their items merged into one ``Work``, the index of each scored item, the items refused and why).
-    Each item is decoded alone by ``parse_work`` (paths confined, contexts keyed), so one bad item refuses only itself."""
-    limits = serving.model.limits
+@dataclass
+class UniRLBatch:
+    """A decoded UniRL body: its requests, their items merged into one ``Work``, the request index of each scored item,
+    and the requests refused and why."""
+
+    requests: list[Any]
+    work: Work
+    scored: list[int]
+    refused: dict[int, InputError]
+    fingerprint: str
+    """The contract fingerprint of the model that decoded it (UniRL's ``scorer_version``)."""
+
+
+def decode_batch(ctx: ParseContext, raw: bytes) -> UniRLBatch:
+    """A UniRL body as one ``UniRLBatch``. Each item is decoded alone by ``parse_work`` (paths confined, contexts keyed), so
+    one bad item refuses only itself; a pickle is refused (415) before anything is read."""
+    if pickled(raw):
+        raise pickle_refusal("UniRL score body")
+    model = ctx.default.model
+    limits = model.limits
     payload = parse_json(raw, limits.max_request_items, "UniRL score body")
     reqs = payload.get("requests") if isinstance(payload, dict) else None
     if not isinstance(reqs, list) or not reqs:
@@ -127,8 +144,8 @@ def _parse(serving: Serving, raw: bytes) -> tuple[list[Any], Work, list[int], di
             wanted = req.get("required_rewards") if isinstance(req, dict) else None
             if not isinstance(wanted, list) or REWARD_NAME not in wanted:
                 raise InputError(f"{where}.required_rewards", f"must name {REWARD_NAME!r}, the reward this server serves")
-            item = to_item(req, where, serving.model.contract.no_context)
-            one = parse_work(serving, json.dumps({"items": [item]}).encode(), "application/json", "score")
+            item = to_item(req, where, model.contract.no_context)
+            one = parse_work(ctx, json.dumps({"items": [item]}).encode(), "application/json", "score")
         except InputError as e:
             refused[i] = e
             continue
@@ -138,76 +155,69 @@ def _parse(serving: Serving, raw: bytes) -> tuple[list[Any], Work, list[int], di
         merged.hash_seconds += one.hash_seconds
         scored.append(i)
     merged.body_bytes = len(raw)
-    return reqs, merged, scored, refused
+    return UniRLBatch(reqs, merged, scored, refused, model.fingerprint)
 
 
-def answer(reqs: list[Any], scored: list[int], results: list[dict], refused: dict[int, InputError], fingerprint: str) -> dict[str, Any]:
-    """UniRL's ``ScoreResponse``: per request its ``{"nvrm": {"reward"}}`` or its error, and its identity echoed."""
+def answer(reqs: list[Any], scored: list[int], results: list[Any], refused: dict[int, InputError], fingerprint: str) -> dict[str, Any]:
+    """UniRL's ``ScoreResponse``: per request its ``{"nvrm": {"reward"}}`` or its error (``results``: the scored items'
+    ``ScoreResult`` or error, in ``scored``'s order), and its identity echoed."""
     out: list[dict] = [{} for _ in reqs]
     errors: list[dict] = [{} for _ in reqs]
     for i, e in refused.items():
         errors[i] = {REWARD_NAME: one_line(e)}
     for i, r in zip(scored, results):
-        if "error" in r:
-            errors[i] = {REWARD_NAME: r["error"]["message"]}
+        if isinstance(r, BaseException):
+            errors[i] = {REWARD_NAME: one_line(r)}
         else:
-            out[i] = {REWARD_NAME: {"reward": r["reward"]}}
+            out[i] = {REWARD_NAME: {"reward": r.reward}}
     for i, req in enumerate(reqs):
         wanted = req.get("required_rewards") if isinstance(req, dict) else None
-        other = [n for n in wanted if n != REWARD_NAME] if isinstance(wanted, list) else []  # a non-list was refused in _parse
+        other = [n for n in wanted if n != REWARD_NAME] if isinstance(wanted, list) else []  # a non-list was refused in decode_batch
         errors[i].update({str(n): f"not served by this server (it serves {REWARD_NAME!r})" for n in other})
     return {"protocol_version": PROTOCOL_VERSION, "results": out, "errors": errors, "identities": [_identity(r, fingerprint) for r in reqs]}
 
 
-async def unirl_score(serving: Serving, body: Body) -> Reply:
-    """``POST /unirl/score``: every request's reward (or its one-line error), scored together."""
-    async def parsed(raw: bytes, reserved: int) -> Reply:
-        if pickled(raw):
-            return pickle_refusal("UniRL score body")
-        reqs, work, scored, refused = await asyncio.to_thread(_parse, serving, raw)
-        fingerprint = serving.model.fingerprint
-        if not scored:  # nothing to score: the first refusal's status (400, 403 for a path outside --allow-dir, 409)
-            first = refused[min(refused)]
+class UniRLProtocol(ProtocolSpec[UniRLBatch]):
+    """UniRL's ``/unirl/score`` and ``/unirl/health`` (UniRL's ``base_url`` is ``http://HOST:PORT/unirl``)."""
+
+    name = "UniRL"
+    protected = ("/unirl/",)
+
+    def decode(self, ctx: ParseContext, wire: Wire) -> UniRLBatch:
+        """The body's requests, each item decoded alone (``decode_batch``)."""
+        return decode_batch(ctx, wire.raw)
+
+    def work_of(self, decoded: UniRLBatch) -> Work | None:
+        """The scored items' work; None when every request was refused."""
+        return decoded.work if decoded.scored else None
+
+    def encode(self, decoded: UniRLBatch, outcome: Scored | None) -> Reply:
+        """Every request's reward or error (200); with nothing scored, the first refusal's status (400, 403 for a path
+        outside --allow-dir, 409) and its error beside the per-request answer."""
+        b = decoded
+        if outcome is None:
+            first = b.refused[min(b.refused)]
             status = first.status if isinstance(first, RequestError) else 400
             code = first.code if isinstance(first, RequestError) else ErrorCode.BAD_REQUEST
-            return Reply(status, {**Reply.error(code, one_line(first)).body, **answer(reqs, [], [], refused, fingerprint)})
-        reply = await serving.admit(work, reserved)
-        if reply.status not in (200, 422):  # refused as a whole (busy, too large, timeout): its own answer
-            return reply
-        return Reply(200, answer(reqs, scored, reply.body["results"], refused, fingerprint))
+            return Reply(status, {**Reply.error(code, one_line(first)).body, **answer(b.requests, [], [], b.refused, b.fingerprint)})
+        return Reply(200, answer(b.requests, b.scored, outcome.results, b.refused, b.fingerprint))
 
-    return await serving.with_body(body, "UniRL score body", parsed)
+    def health(self) -> Reply:
+        """``GET /unirl/health``: the rewards served, once the model is loaded (503 before)."""
+        return self.serving.not_ready() or Reply(200, {"status": "ok", "protocol_version": PROTOCOL_VERSION,
+                                                       "rewards": {REWARD_NAME: ["reward"]}})
 
+    def attach_router(self, app: FastAPI) -> None:
+        """``/unirl/score`` and ``/unirl/health``."""
+        router = APIRouter(prefix="/unirl")
+        config = self.serving.config
 
-def unirl_health(serving: Serving) -> Reply:
-    """``GET /unirl/health``: the rewards served, once the model is loaded (503 before)."""
-    return serving.not_ready() or Reply(200, {"status": "ok", "protocol_version": PROTOCOL_VERSION, "rewards": {REWARD_NAME: ["reward"]}})
+        @router.post("/score", summary="UniRL: score requests [{history, required_rewards}] -> {results, errors}", responses=ERRORS)
+        async def unirl_score_route(request: Request):
+            return respond(await self.answer(pending_body(request, config), "UniRL score body"))
 
+        @router.get("/health", summary="UniRL: the rewards this server serves (503 while loading)", responses={503: {"model": ErrorResponse}})
+        async def unirl_health_route():
+            return respond(self.health())
 
-def token_refusal(serving: Serving, request: Request) -> Reply | None:
-    """401 unless the request carries ``--api-key-env``'s bearer token (when one is set): these routes sit outside
-    ``/v1`` and ``/api``, which the middleware guards, and are guarded here the same way."""
-    key = serving.config.api_key
-    if key is None:
-        return None
-    auth = request.headers.get("authorization", "")
-    token = auth[7:] if auth.lower().startswith("bearer ") else ""
-    if hmac.compare_digest(token.encode(), key.encode()):
-        return None
-    return Reply.error(ErrorCode.UNAUTHORIZED, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-
-
-def unirl_router(serving: Serving) -> APIRouter:
-    """UniRL's routes: ``/unirl/score`` and ``/unirl/health`` (UniRL's ``base_url`` is ``http://HOST:PORT/unirl``)."""
-    router = APIRouter(prefix="/unirl")
-    config = serving.config
-
-    @router.post("/score", summary="UniRL: score requests [{history, required_rewards}] -> {results, errors}", responses=_ERRORS)
-    async def unirl_score_route(request: Request):
-        return response(token_refusal(serving, request) or await unirl_score(serving, body_of(request, config)))
-
-    @router.get("/health", summary="UniRL: the rewards this server serves (503 while loading)", responses={503: {"model": ErrorResponse}})
-    async def unirl_health_route(request: Request):
-        return response(token_refusal(serving, request) or unirl_health(serving))
-
-    return router
+        app.include_router(router)

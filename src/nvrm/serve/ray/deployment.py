@@ -15,7 +15,7 @@ it, so the context store, the prepared-context cache and the kept prefill of
 that context live on one replica.
 
 With ``--admin-key-env``, ``PUT /v1/models/NAME`` rolls a swap over the replicas, one at a time
-(``ray_swaps``): the others keep serving meanwhile, and a replica Ray Serve starts later loads what is live.
+(``rolling_swap``): the others keep serving meanwhile, and a replica Ray Serve starts later loads what is live.
 
     nvrm serve --model DIR --ray --replicas 4 --gpus-per-replica 1 [--ray-address auto]
 """
@@ -51,18 +51,17 @@ def _with_replica_id(config, serve):
     return dataclasses.replace(config, replica_id=f"nvrm-{rid}")
 
 
-def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *, replicas: int, gpus_per_replica: float,
-                     cpus_per_replica: float, rollout=None):
-    """A bound Ray Serve application: ``replicas`` copies of the service, each loading its bundles once. ``bundle``: one
-    folder, or ``[(name, folder)]`` for several models by name (the first the default, as ``--model NAME=DIR``).
-    ``rollout``: the handle of a ``ray_swaps.Rollout`` actor, with which the replicas roll swaps (``--admin-key-env``)."""
+def build_deployment(specs: list[tuple[str, str]], settings, config, *, replicas: int, gpus_per_replica: float,
+                     cpus_per_replica: float, swaps=None):
+    """A bound Ray Serve application: ``replicas`` copies of the service, each loading its bundles once. ``specs``:
+    ``[(name, folder)]``, the first the default (``models.served.parse_model_specs`` of ``--model``). ``swaps``: the
+    handle of a ``rolling_swap.RollingSwap`` actor, with which the replicas roll swaps (``--admin-key-env``)."""
     _, serve = _require_serve()
     from ...scoring.reward_model import RewardModel
     from ..app import create_app
-    from ..models.registry import NamedModels
+    from ..models.served import NamedModels
 
-    named = not isinstance(bundle, str)
-    specs = list(bundle) if named else [("nvrm", bundle)]
+    specs = list(specs)
 
     @serve.deployment(
         name="nvrm",
@@ -74,20 +73,19 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
     class NvrmReplica:
         """One replica: loads the bundle once, then builds the service app around it (in the replica)."""
 
-        def __init__(self, rollout=None) -> None:  # every model loaded before Serve routes traffic here
+        def __init__(self, swaps=None) -> None:  # every model loaded before Serve routes traffic here
             import ray
 
-            self.config, self.rollout = _with_replica_id(config, serve), rollout
-            if rollout is not None and self.config.replica_id is None:  # a roll tells replicas apart by their ids
+            self.config, self.swaps = _with_replica_id(config, serve), swaps
+            if swaps is not None and self.config.replica_id is None:  # a roll tells replicas apart by their ids
                 import uuid
 
                 self.config = dataclasses.replace(self.config, replica_id=f"nvrm-{uuid.uuid4().hex[:12]}")
             self.specs = specs
-            if rollout is not None:  # what is live now: a replica started after a swap (or during one) loads that
-                live = ray.get(rollout.join.remote(self.config.replica_id))
+            if swaps is not None:  # what is live now: a replica started after a swap (or during one) loads that
+                live = ray.get(swaps.join.remote(self.config.replica_id))
                 self.specs = [(name, live.get(name, where)) for name, where in specs]
             self.models = {where: RewardModel.from_pretrained(where, settings=settings) for _, where in self.specs}
-            self.model = self.models[self.specs[0][1]]
 
         @serve.multiplexed(max_num_models_per_replica=4096)
         async def hold(self, ref: str) -> str:
@@ -95,13 +93,13 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
             return ref
 
         def __serve_build_asgi_app__(self):
-            served = NamedModels(self.specs, self.models.__getitem__) if named else self.model
+            served = NamedModels(self.specs, self.models.__getitem__, loaded=True)
             rolling = {}
-            if self.rollout is not None:
+            if self.swaps is not None:
                 from .rolling_swap import poll, rolling_swap
 
-                rid, rollout = self.config.replica_id, self.rollout
-                rolling = {"swap": rolling_swap(rollout, rid), "background": [lambda state: poll(rollout, rid, state)]}
+                rid, swaps = self.config.replica_id, self.swaps
+                rolling = {"swap": rolling_swap(swaps, rid), "background": [lambda models: poll(swaps, rid, models)]}
             app = create_app(served, self.config, **rolling)
             replica = self
 
@@ -117,11 +115,11 @@ def build_deployment(bundle: "str | list[tuple[str, str]]", settings, config, *,
 
             return app
 
-    return NvrmReplica.bind(rollout)
+    return NvrmReplica.bind(swaps)
 
 
 def serve_on_ray(
-    bundle: "str | list[tuple[str, str]]",
+    specs: list[tuple[str, str]],
     settings,
     config,
     *,
@@ -130,13 +128,13 @@ def serve_on_ray(
     cpus_per_replica: float = 1.0,
     address: str | None = None,
 ) -> int:
-    """Start (or join) Ray, deploy the replicas on ``config.host:config.port``, serve until SIGTERM/SIGINT."""
+    """Start (or join) Ray, deploy the replicas of the models ``specs`` (``[(name, folder)]``, the first the default) on
+    ``config.host:config.port``, serve until SIGTERM/SIGINT."""
     ray, serve = _require_serve()
     if replicas < 1:
         raise InputError(f"--replicas {replicas}", "must be at least 1")
     from ...bundle import resolve_bundle
 
-    specs = [("nvrm", bundle)] if isinstance(bundle, str) else list(bundle)
     resolved = [(name, str(resolve_bundle(where, settings.revision))) for name, where in specs]
     if config.job_store != "memory":  # unreachable: one line naming the URL and exit 2, before any replica starts
         from ..jobs.redis_store import connect
@@ -144,15 +142,15 @@ def serve_on_ray(
         connect(config.job_store).close()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
-    rollout = None
+    swaps = None
     if config.admin_key is not None:  # PUT /v1/models/NAME rolls over the replicas (nvrm.serve.ray.rolling_swap)
-        from .rolling_swap import Rollout
+        from .rolling_swap import RollingSwap
 
-        rollout = ray.remote(num_cpus=0)(Rollout).remote({name: where for name, where in resolved})
+        swaps = ray.remote(num_cpus=0)(RollingSwap).remote({name: where for name, where in resolved})
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(
-        build_deployment(resolved if not isinstance(bundle, str) else resolved[0][1], settings, config, replicas=replicas,
-                         gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica, rollout=rollout),
+        build_deployment(resolved, settings, config, replicas=replicas, gpus_per_replica=gpus_per_replica,
+                         cpus_per_replica=cpus_per_replica, swaps=swaps),
         name="nvrm",
         route_prefix="/",
     )

@@ -1,6 +1,6 @@
 """Rolling model swaps on Ray Serve (``nvrm serve --ray --admin-key-env``): one replica at a time.
 
-    PUT /v1/models/NAME {"path": DIR} ─► the replica it reaches: ``Rollout.begin`` (409 while a roll runs)
+    PUT /v1/models/NAME {"path": DIR} ─► the replica it reaches: ``RollingSwap.begin`` (409 while a roll runs)
         ─► swaps itself first (``model_swap.swap``: verify, memory, load beside, same contract, warm up, switch)
               refused? ─► ``done(ok=False)``: nothing else changed; the refusal is the answer
         ─► every other replica, polling ``claim`` every ``POLL_S``, swaps in its turn (one holds the turn at a time)
@@ -8,7 +8,7 @@
            one fails: the target goes back to the previous folder, the swapped ones swap back in turn, and the
            answer says which replica refused and why
 
-``Rollout`` holds no Ray: the driver wraps it as an actor (``ray.remote``) and hands its handle to every
+``RollingSwap`` holds no Ray: the driver wraps it as an actor (``ray.remote``) and hands its handle to every
 replica. It keeps, per model name, the folder every replica should serve (``target``); a replica that
 starts later (Ray Serve replacing one that died) loads those folders, so it joins at what is live.
 Requests admitted by a replica before its switch finish on its old revision; every result names its
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from ...protocol import ErrorCode
-from ..serving import Reply
+from ..http.messages import Reply
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def _real(path: str | os.PathLike) -> str:
     return os.path.realpath(str(path))
 
 
-class Rollout:
+class RollingSwap:
     """The roll's bookkeeping (a Ray actor in ``nvrm serve --ray``; plain Python, so it is tested without Ray)."""
 
     def __init__(self, targets: dict[str, str], clock=time.monotonic):
@@ -136,33 +136,33 @@ class Rollout:
             roll["state"] = "done" if roll["state"] == "rolling" else "failed"
 
 
-def serving_paths(serving) -> dict[str, str]:
-    """name -> the folder each served model was loaded from (the replica's report to ``Rollout.claim``)."""
-    return {e.name: str(e.path) for e in serving.registry.all() if e.path is not None and not e.retired}
+def serving_paths(models) -> dict[str, str]:
+    """name -> the folder each served model was loaded from (the replica's report to ``RollingSwap.claim``)."""
+    return {e.name: str(e.path) for e in models.registry.all() if e.path is not None and not e.retired}
 
 
-async def poll(rollout, replica: str, serving) -> None:
+async def poll(swaps, replica: str, models) -> None:
     """A replica's part in every roll (a task of its app's lifespan): swap in its turn, report, repeat."""
     from ..models.model_swap import swap
 
     while True:
         await asyncio.sleep(POLL_S)
-        if serving.model is None and not serving.registry.entries:
+        if models.model is None and not models.registry.entries:
             continue  # not loaded yet
         try:
-            job = await rollout.claim.remote(replica, serving_paths(serving))
+            job = await swaps.claim.remote(replica, serving_paths(models))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the actor unreachable for a moment: ask again next time
-            log.warning("rolling swaps: the rollout actor did not answer", exc_info=True)
+            log.warning("rolling swaps: the rolling-swap actor did not answer", exc_info=True)
             continue
         if job is None:
             continue
         name, where = job
-        reply = await swap(serving, name, where)
+        reply = await swap(models, name, where)
         ok, detail = _outcome(reply)
         log.info("rolling swap: replica %s, model %s -> %s: %s", replica, name, where, detail)
-        await rollout.done.remote(replica, name, where, ok, detail)
+        await swaps.done.remote(replica, name, where, ok, detail)
 
 
 def _outcome(reply: Reply) -> tuple[bool, str]:
@@ -172,27 +172,27 @@ def _outcome(reply: Reply) -> tuple[bool, str]:
     return False, str(err.get("message") or reply.body)
 
 
-def rolling_swap(rollout, replica: str, *, timeout_s: float = 1800.0):
+def rolling_swap(swaps, replica: str, *, timeout_s: float = 1800.0):
     """The ``PUT /v1/models/{name}`` of a replica under Ray Serve: this replica swaps first, then the others in turn;
     answers once every replica serves the new folder (or the roll was undone)."""
     from ..models.model_swap import swap
 
-    async def run(serving, name: str, where: str) -> Reply:
-        started = await rollout.begin.remote(replica, name, where)
+    async def run(models, name: str, where: str) -> Reply:
+        started = await swaps.begin.remote(replica, name, where)
         if started is None:
             return Reply.error(ErrorCode.SWAP_IN_PROGRESS, "another model swap is rolling over the replicas; retry once it has finished")
         try:
-            reply = await swap(serving, name, where)
+            reply = await swap(models, name, where)
         except BaseException:
-            await rollout.done.remote(replica, name, where, False, "this replica's swap raised")
+            await swaps.done.remote(replica, name, where, False, "this replica's swap raised")
             raise
         ok, detail = _outcome(reply)
-        await rollout.done.remote(replica, name, where, ok, detail)
+        await swaps.done.remote(replica, name, where, ok, detail)
         if not ok:
             return reply  # refused on the first replica: no replica changed
         deadline = time.monotonic() + timeout_s
         while True:
-            state = await rollout.status.remote(started["id"])
+            state = await swaps.status.remote(started["id"])
             if state["state"] in ("done", "failed") or time.monotonic() > deadline:
                 break
             await asyncio.sleep(POLL_S / 2)

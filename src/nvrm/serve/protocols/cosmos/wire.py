@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from ....errors import RequestError
+from ....protocol import ErrorCode
 from .latents import CHANNELS, SPATIAL_OF, decoded_bytes, frames_of
 from ...admission.media import npy_header
-from ...http.transport import parse_json
+from ...http.request_bodies import parse_json
 
 REWARD_NAMES = ("nvrm",)
 """The ``reward_fn`` names a server of one unnamed model computes; with ``--model NAME=DIR`` they are the served names."""
@@ -137,7 +138,8 @@ def _array(view: memoryview, media: str, limits, channels: int = CHANNELS) -> np
     if b < 1 or t < 1:
         raise RequestError("enqueue array", f"holds no video (shape {shape})")
     if frames > limits.max_context_samples * 64:  # far more frames than any context and candidate can use
-        raise RequestError("enqueue array", f"decodes to {frames} frames per video; at most {limits.max_context_samples * 64} are taken", 413, "too_large")
+        raise RequestError("enqueue array", f"decodes to {frames} frames per video; at most {limits.max_context_samples * 64} are taken",
+                           code=ErrorCode.TOO_LARGE)
     declared = math.prod(shape) * dtype.itemsize
     body = len(view) - offset
     if declared != body:
@@ -188,7 +190,8 @@ def parse_enqueue(raw: bytes, limits, *, has_decoder: bool, rules: MediaRules | 
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise RequestError("enqueue JSON 'prompts'", "must be a non-empty list of strings, one per video")
     if len(prompts) > limits.max_request_items:
-        raise RequestError("enqueue JSON 'prompts'", f"has {len(prompts)} videos; the limit is {limits.max_request_items} per request", 413, "too_large")
+        raise RequestError("enqueue JSON 'prompts'", f"has {len(prompts)} videos; the limit is {limits.max_request_items} per request",
+                           code=ErrorCode.TOO_LARGE)
     weights = _reward_weights(payload.get("reward_fn", {rules.names[0]: 1.0}), rules.names)
     media = payload.get("media_type") or "latent"  # the legacy path sends none: latents
     if media == "image" and rules.image_as == "refuse":
@@ -241,15 +244,15 @@ def frames_view(frames: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class Rollouts:
-    """One enqueued job's outcome, kept until pulled (and then until its TTL)."""
+class RolloutScores:
+    """One enqueue's outcome: each rollout's reward or why it has none, kept until pulled (and then until its TTL)."""
 
     rewards: list[float | None]
     errors: dict[int, str]
     info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     decode_seconds: float | None = None
-    models: dict[str, "Rollouts"] = field(default_factory=dict)
+    models: dict[str, "RolloutScores"] = field(default_factory=dict)
     """Each ``reward_fn`` name's own outcome (the same decoded frames scored by that model); empty for a job
     that failed as a whole, whose outcome answers every name. The fields above are the first name's."""
 
@@ -262,7 +265,7 @@ class Rollouts:
         request order; a failed item scores ``fallback`` and is named in ``errors`` (never a silent number)."""
         if self.models and kind in self.models:
             own = self.models[kind]
-            return Rollouts(own.rewards, own.errors, own.info, self.seconds, self.decode_seconds).answer(kind, fallback)
+            return RolloutScores(own.rewards, own.errors, own.info, self.seconds, self.decode_seconds).answer(kind, fallback)
         filled = [fallback if r is None else float(r) for r in self.rewards]
         return {
             "scores": {key: filled for key in SCORE_KEYS},
@@ -275,3 +278,13 @@ class Rollouts:
             **({"flagged": STILL_FLAG} if self.info.get("media_type") == "image" else {}),
         }
 
+    def to_json(self) -> dict[str, Any]:
+        """The outcome as the JSON the job stores keep."""
+        return {"rewards": self.rewards, "errors": {str(k): v for k, v in self.errors.items()}, "info": self.info, "seconds": self.seconds,
+                "decode_seconds": self.decode_seconds, "models": {n: m.to_json() for n, m in self.models.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RolloutScores":
+        """The outcome ``to_json`` wrote."""
+        return cls(d["rewards"], {int(k): v for k, v in d["errors"].items()}, d["info"], d["seconds"], d["decode_seconds"],
+                   {n: cls.from_json(m) for n, m in d.get("models", {}).items()})

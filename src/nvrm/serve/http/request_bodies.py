@@ -51,8 +51,8 @@ def _structure_over(raw: bytes, max_objects: int, max_values: int) -> str | None
 
 
 @dataclass
-class Body:
-    """A parsed request: the JSON payload and the binary parts it may name."""
+class ParsedBody:
+    """A request body, parsed: the JSON payload and the binary parts it may name."""
 
     payload: Any
     parts: dict[str, memoryview] = field(default_factory=dict)
@@ -112,7 +112,7 @@ def parse_json(raw: bytes, max_items: int, where: str = "request body", times_pe
         raise RequestError(where, f"is not usable JSON ({' '.join(str(e).split())[:120]})") from e
 
 
-def parse_multipart(raw: bytes, content_type: str, max_items: int, times_per_item: int = 1200) -> Body:
+def parse_multipart(raw: bytes, content_type: str, max_items: int, times_per_item: int = 1200) -> ParsedBody:
     """A ``multipart/form-data`` body: the ``request`` part as JSON, the other parts as raw bytes (views)."""
     from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -170,10 +170,10 @@ def parse_multipart(raw: bytes, content_type: str, max_items: int, times_per_ite
     request = parts.pop(REQUEST_PART, None)
     if request is None:
         raise RequestError("request body", f"multipart/form-data needs a {REQUEST_PART!r} part with the JSON request")
-    return Body(parse_json(bytes(request), max_items, f"{REQUEST_PART} part", times_per_item), parts, len(raw))
+    return ParsedBody(parse_json(bytes(request), max_items, f"{REQUEST_PART} part", times_per_item), parts, len(raw))
 
 
-def parse_body(raw: bytes, content_type: str, max_items: int, times_per_item: int = 1200) -> Body:
+def parse_body(raw: bytes, content_type: str, max_items: int, times_per_item: int = 1200) -> ParsedBody:
     """Either form, by content type (JSON when none is given)."""
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind == "multipart/form-data":
@@ -181,4 +181,4 @@ def parse_body(raw: bytes, content_type: str, max_items: int, times_per_item: in
     if kind not in ("", "application/json", "text/plain"):
         raise RequestError("request body", f"content type {kind!r} is not accepted; send application/json or multipart/form-data",
                            code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
-    return Body(parse_json(raw, max_items, times_per_item=times_per_item), {}, len(raw))
+    return ParsedBody(parse_json(raw, max_items, times_per_item=times_per_item), {}, len(raw))
