@@ -112,10 +112,10 @@ class Feed:
         their pair comes up."""
         if self.mode == "memory":
             todo = [k for k in dict.fromkeys(k for p in pairs for k in pair_videos(p)) if k not in self._cache]
-            jobs = [self.model.engine.submit_video(src, role) for src, role in todo]
-            for key, job in zip(todo, jobs):
+            tasks = [self.model.engine.submit_video(src, role) for src, role in todo]
+            for key, task in zip(todo, tasks):
                 try:  # training needs the patches, grids and times, not the images: half the memory
-                    self._cache[key] = dataclasses.replace(job.result(), images=())
+                    self._cache[key] = dataclasses.replace(task.result(), images=())
                 except NvrmError as e:
                     self._cache[key] = e
         out = []
@@ -147,8 +147,8 @@ class Feed:
         return source
 
     def submit(self, pairs: Sequence[tuple[int, Pair]]) -> list[tuple[int, Pair, Any, Any]]:
-        """Item jobs for both sides of each (index, pair)."""
-        jobs = []
+        """Item tasks for both sides of each (index, pair)."""
+        tasks = []
         engine = self.model.engine
         for i, p in pairs:
             try:
@@ -156,15 +156,15 @@ class Feed:
                 chosen = (cp, self._video(cc, "context"), self._video(cv, "candidate"))
                 rejected = (rp, self._video(rc, "context"), self._video(rv, "candidate"))
             except NvrmError as e:
-                jobs.append((i, p, e, None))
+                tasks.append((i, p, e, None))
                 continue
-            jobs.append((i, p, engine.submit_item(*chosen), engine.submit_item(*rejected)))
-        return jobs
+            tasks.append((i, p, engine.submit_item(*chosen), engine.submit_item(*rejected)))
+        return tasks
 
-    def collect(self, jobs) -> list[EncodedPair]:
-        """The encoded pairs of ``jobs``; a pair that failed is reported and left out."""
+    def collect(self, tasks) -> list[EncodedPair]:
+        """The encoded pairs of ``tasks``; a pair that failed is reported and left out."""
         out = []
-        for i, p, chosen, rejected in jobs:
+        for i, p, chosen, rejected in tasks:
             try:
                 if isinstance(chosen, NvrmError):
                     raise chosen
@@ -188,5 +188,5 @@ class Feed:
         return self._filler
 
 
-def _result(job: Any) -> Any:
-    return job.result() if isinstance(job, Future) else job
+def _result(task: Any) -> Any:
+    return task.result() if isinstance(task, Future) else task

@@ -81,10 +81,10 @@ class Loop:
     def submit(self, epoch: int, micro: int) -> list[list]:
         return [self.feed.submit(part) for part in self._local(epoch, micro)]
 
-    def run_step(self, progress: Progress, jobs: list[list]) -> StepStats | None:
-        """One step from its submitted jobs; None (on every rank) when no pair of it was usable anywhere."""
+    def run_step(self, progress: Progress, tasks: list[list]) -> StepStats | None:
+        """One step from its submitted tasks; None (on every rank) when no pair of it was usable anywhere."""
         r = self.ranks
-        chunks = [self.feed.collect(j) for j in jobs]
+        chunks = [self.feed.collect(j) for j in tasks]
         local = sum(len(c) for c in chunks)
         [total] = r.sum([local])
         if total == 0:

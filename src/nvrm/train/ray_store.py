@@ -32,7 +32,7 @@ def make_prepare_batch(bundle: str, folder: str, fingerprint: str):
             try:
                 writer.add(content_key(path, role), str(path), engine.prepare(str(path), str(role)))
                 stored += 1
-            except Exception as e:  # noqa: BLE001 - a failure is this video's data, not the job's end
+            except Exception as e:  # noqa: BLE001 - a failure is this video's data, not the build's end
                 failures.append(json.dumps({"path": str(path), "role": str(role), "error": error_text(e)}))
         writer.close()
         return {"stored": [stored], "failures": [json.dumps(failures)]}

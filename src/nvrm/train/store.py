@@ -373,10 +373,10 @@ def build_store(model, videos: Iterable[tuple[str, str]], folder: str | os.PathL
     window = max(8, 4 * model.engine.workers)
     for start in range(0, len(todo), window):
         part = todo[start : start + window]
-        jobs = [(p, r, model.engine.submit_video(p, r)) for p, r in part]
-        for path, role, job in jobs:
+        tasks = [(p, r, model.engine.submit_video(p, r)) for p, r in part]
+        for path, role, task in tasks:
             try:
-                video = job.result()
+                video = task.result()
                 writer.add(content_key(path, role), path, video)
                 stored += 1
             except (NvrmError, OSError) as err:

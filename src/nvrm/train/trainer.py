@@ -6,10 +6,14 @@ language-model weights stay frozen; LoRA adapters (peft) on the language model a
 are trained. The parts:
 
 - ``dist.Ranks``: the processes of the run and their collectives;
+- ``adapters``: what is trained (LoRA adapters, the head) and the optimizer over it;
 - ``data``: the global plan (which pairs, which rank) and the feed (files, memory or a store);
-- ``loop.Loop``: one optimizer step on every rank;
+- ``loop.Loop``: one optimizer step on every rank; ``schedule``: the learning rate and the tie margin;
+- ``held_out``: evaluation on every rank; ``run_log``: ``metrics.jsonl`` and the progress lines;
 - ``checkpoint``: safetensors checkpoints in global units (resume at any world size);
 - ``export``: the merged model as a release-layout bundle.
+
+``Trainer`` holds the run's state (model, adapters, optimizer, feed, progress) and drives the epochs over these.
 
 Only rank 0 writes files (metrics, checkpoints, the export, the summary); the others wait for it.
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -28,16 +31,19 @@ from typing import Any, Sequence, TextIO
 import torch
 
 from ..errors import InputError, TrainingError
-from ..forward.model import DTYPES, RewardHead
+from ..forward.model import DTYPES
 from ..prefs.pairs import Pair, PairProblem, read_pairs
-from ..report.evaluate import PairOutcome, summarize
 from ..scoring.reward_model import RewardModel
 from . import checkpoint
-from .config import VISION_LORA_TARGETS, TrainConfig
+from .adapters import add_lora, make_optimizer, trainable_head
+from .config import TrainConfig
 from .data import Feed, StepPlan, pair_videos, pairs_digest
 from .dist import Ranks
+from .held_out import evaluate_on_ranks
 from .loop import Loop, Progress
 from .reward_module import RewardForward
+from .run_log import RunLog
+from .schedule import set_lr, tie_margin
 
 RESUME_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "lora_vision", "batch_pairs", "grad_accum", "seed", "epochs", "optimizer")
 """Settings a resumed run must share with the checkpoint (the world size is not one of them)."""
@@ -60,15 +66,15 @@ class Trainer:
         workers = max(1, (os.cpu_count() or 1) // max(1, self.ranks.local_world))
         self.rm = RewardModel.from_pretrained(base, device=self.device, dtype=DTYPES[dtype_name], verify=True, workers=workers)
         self.base = self.rm.path
-        self.head = self._trainable_head()
-        self.adapted = self._add_lora()
+        self.head = trainable_head(self.rm, self.device)
+        self.adapted = add_lora(self.rm, config)
         self.lora_params = [p for p in self.rm.backbone.parameters() if p.requires_grad]
         if not self.lora_params:
             raise InputError(f"lora_targets={list(config.lora_targets)}", "matched no layer of the language model")
         ckpt = config.gradient_checkpointing if config.gradient_checkpointing is not None else self.device.type == "cuda"
         self.ranks.agree(run_facts(config, self.rm))  # before DDP compares shapes: one line naming both ranks, not a crash
         self.module = self.ranks.accelerator.prepare(RewardForward(self.rm.runtime, self.head, checkpointing=ckpt))
-        self.optimizer = self._optimizer()
+        self.optimizer = make_optimizer(config, self.lora_params, self.head)
         self.progress = Progress()
         self.tau = 0.0
         self.store = store
@@ -76,30 +82,6 @@ class Trainer:
         self.sources: dict[str, str] = {}  # digest of the pairs load_pairs returned -> where they came from
 
     # ------------------------------------------------------------ set-up
-
-    def _trainable_head(self) -> RewardHead:
-        w, b = self.rm.head.weight, self.rm.head.bias
-        head = RewardHead(w.detach().float().reshape(1, w.shape[-1]), None if b is None else b.detach().float(), torch.float32).to(self.device)
-        head.requires_grad_(True)
-        return head
-
-    def _add_lora(self) -> list[str]:
-        from peft import LoraConfig, get_peft_model
-
-        cfg = self.cfg
-        adapted = ["language_model"] + (["visual"] if cfg.lora_vision else [])
-        targets = {"language_model": cfg.lora_targets, "visual": VISION_LORA_TARGETS}
-        for name in adapted:
-            lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=list(targets[name]), bias="none")
-            setattr(self.rm.backbone, name, get_peft_model(getattr(self.rm.backbone, name), lora))
-        return adapted
-
-    def _optimizer(self) -> torch.optim.Optimizer:
-        cfg = self.cfg
-        head_lr = cfg.head_lr if cfg.head_lr is not None else cfg.lr
-        groups = [{"params": self.lora_params, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
-                  {"params": list(self.head.parameters()), "lr": head_lr, "weight_decay": 0.0}]
-        return torch.optim.SGD(groups) if cfg.optimizer == "sgd" else torch.optim.AdamW(groups)
 
     def _feed(self) -> Feed | None:
         """Where videos come from; None for a store not built yet (``build_store`` makes it)."""
@@ -165,25 +147,10 @@ class Trainer:
 
     # ------------------------------------------------------------ evaluation
 
-    @torch.no_grad()
     def evaluate(self, pairs: Sequence[Pair]) -> dict[str, Any]:
         """Held-out metrics, per pair: each rank scores its share (no padding), rank 0 summarises all of them."""
         module = self.ranks.accelerator.unwrap_model(self.module)  # not DDP's forward: the shards may differ in size
-        module.eval()
-        r, n = self.ranks, self.cfg.batch_pairs
-        mine = [(i, pairs[i]) for i in range(r.rank, len(pairs), r.world)]
-        outcomes: list[tuple[int, PairOutcome]] = []
-        ahead = self.feed.submit(mine[:n])
-        for start in range(0, len(mine), n):
-            chunk = self.feed.collect(ahead)
-            if start + n < len(mine):
-                ahead = self.feed.submit(mine[start + n : start + 2 * n])
-            if chunk:
-                rew = module([p.chosen for p in chunk] + [p.rejected for p in chunk])
-                outcomes += [(p.index, PairOutcome(float(rew[k]), float(rew[len(chunk) + k]), p.pair.tie)) for k, p in enumerate(chunk)]
-        gathered = r.gather(outcomes)
-        summary = summarize([o for _, o in sorted(x for part in gathered for x in part)]) if r.is_main else None
-        return r.share(summary)
+        return evaluate_on_ranks(module, self.feed, self.ranks, pairs, self.cfg.batch_pairs)
 
     # ------------------------------------------------------------ training
 
@@ -191,7 +158,7 @@ class Trainer:
         """Train to the end (or ``stop_after_steps``); returns steps, seconds, world size and whether it stopped early."""
         cfg, r = self.cfg, self.ranks
         r.agree(data_facts(train_pairs, eval_pairs, self.progress, self.sources))  # before the first step
-        self.tau = self._tie_margin(train_pairs)
+        self.tau = tie_margin(cfg, train_pairs)
         plan = StepPlan(len(train_pairs), cfg.batch_pairs, cfg.grad_accum, cfg.seed)
         self.total_steps = plan.steps_per_epoch * cfg.epochs
         n_params = sum(p.numel() for p in self.lora_params) + sum(p.numel() for p in self.head.parameters())
@@ -199,34 +166,32 @@ class Trainer:
                  f"{n_params} trainable parameters, tie margin {self.tau:.3f}")
         loop = Loop(ranks=r, module=self.module, params=self.lora_params + list(self.head.parameters()), optimizer=self.optimizer, feed=self.feed,
                     plan=plan, pairs=train_pairs, tau=self.tau, max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, say=self.say)
-        metrics = (self.output / "metrics.jsonl").open("a") if r.is_main else None
+        log = RunLog(self.output / "metrics.jsonl" if r.is_main else None, self.say, self.total_steps)
         t0, stopped = time.perf_counter(), False
         try:
             while self.progress.epoch < cfg.epochs and not stopped:
-                stopped = self._epoch(loop, plan, eval_pairs, metrics, t0)
+                stopped = self._epoch(loop, plan, eval_pairs, log, t0)
         finally:
-            if metrics is not None:
-                metrics.close()
+            log.close()
         return {"steps": self.progress.step, "seconds": time.perf_counter() - t0, "world_size": r.world, "stopped_early": stopped}
 
-    def _epoch(self, loop: Loop, plan: StepPlan, eval_pairs, metrics, t0: float) -> bool:
+    def _epoch(self, loop: Loop, plan: StepPlan, eval_pairs: Sequence[Pair] | None, log: RunLog, t0: float) -> bool:
         """The rest of the current epoch; True when ``stop_after_steps`` stopped it."""
         cfg, pr = self.cfg, self.progress
-        jobs = loop.submit(pr.epoch, pr.micro) if pr.micro < plan.micro_per_epoch else None
+        tasks = loop.submit(pr.epoch, pr.micro) if pr.micro < plan.micro_per_epoch else None
         while pr.micro < plan.micro_per_epoch:
             self.module.train()
-            lr = self._set_lr()
+            lr = set_lr(self.optimizer, cfg, pr.step, self.total_steps)
             ahead = pr.micro + cfg.grad_accum
             upcoming = loop.submit(pr.epoch, ahead) if ahead < plan.micro_per_epoch else None  # prepared meanwhile
-            stats = loop.run_step(pr, jobs)
-            pr.micro, jobs = ahead, upcoming
+            stats = loop.run_step(pr, tasks)
+            pr.micro, tasks = ahead, upcoming
             if stats is None:  # no pair of this step was usable on any rank (each was reported)
                 continue
             pr.step += 1
-            row = stats.row(pr, lr, time.perf_counter() - t0)
-            self._log_step(row, metrics)
+            log.step(stats.row(pr, lr, time.perf_counter() - t0))
             if eval_pairs and cfg.eval_every and pr.step % cfg.eval_every == 0:
-                self._evaluate_and_log(eval_pairs, metrics)
+                self._evaluate_and_log(eval_pairs, log)
             if cfg.stop_after_steps and pr.step >= cfg.stop_after_steps:
                 self.save()
                 return True
@@ -237,47 +202,14 @@ class Trainer:
                                 "nothing is trained or exported")
         pr.epoch, pr.micro = pr.epoch + 1, 0
         if eval_pairs and not cfg.eval_every:
-            self._evaluate_and_log(eval_pairs, metrics)
+            self._evaluate_and_log(eval_pairs, log)
         self.save()
         return False
 
-    def _tie_margin(self, pairs: Sequence[Pair]) -> float:
-        has_ties = any(p.tie for p in pairs)
-        tau = self.cfg.tie_margin if self.cfg.tie_margin is not None else (math.log(2.0) if has_ties else 0.0)
-        if has_ties and tau <= 0:
-            raise InputError(f"tie_margin={self.cfg.tie_margin}", "the training pairs contain ties; a tie margin > 0 is needed")
-        return tau
-
-    def _set_lr(self) -> float:
-        cfg, step = self.cfg, self.progress.step
-        warm = cfg.warmup_steps
-        if warm and step < warm:
-            f = (step + 1) / warm
-        else:
-            progress = (step - warm) / max(1, self.total_steps - warm)
-            f = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        for group, lr in zip(self.optimizer.param_groups, [cfg.lr, cfg.head_lr if cfg.head_lr is not None else cfg.lr]):
-            group["lr"] = lr * f
-        return self.optimizer.param_groups[0]["lr"]
-
-    def _log_step(self, row: dict[str, Any], metrics) -> None:
-        if metrics is not None:
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
-        acc = "n/a" if row["accuracy"] is None else f"{row['accuracy']:.2f}"
-        margin = "n/a" if row["margin"] is None else f"{row['margin']:+.3f}"
-        self.say(f"step {row['step']}/{self.total_steps} epoch {row['epoch']} loss {row['loss']:.4f} acc {acc} margin {margin} "
-                 f"lr {row['lr']:.2e} ({row['seconds']:.0f} s)")
-
-    def _evaluate_and_log(self, eval_pairs: Sequence[Pair], metrics) -> None:
+    def _evaluate_and_log(self, eval_pairs: Sequence[Pair], log: RunLog) -> None:
         ev = self.evaluate(eval_pairs)
         self.progress.history.append({"step": self.progress.step, "accuracy": ev["accuracy"], "mean_margin": ev["mean_margin"]})
-        if metrics is not None:
-            metrics.write(json.dumps({"step": self.progress.step, "eval": ev}) + "\n")
-            metrics.flush()
-        acc = "n/a" if ev["accuracy"] is None else f"{ev['accuracy']:.4f}"
-        margin = "n/a" if ev["mean_margin"] is None else f"{ev['mean_margin']:+.4f}"
-        self.say(f"eval step {self.progress.step}: accuracy {acc} over {ev['n']} pairs, mean margin {margin}")
+        log.evaluation(self.progress.step, ev)
 
     # ------------------------------------------------------------ export
 
