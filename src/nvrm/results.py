@@ -5,8 +5,8 @@ Torch-free: the HTTP client and the batch output use it without loading a model.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class ScoreResult:
     uncertainty: float | None = None
     """How far to trust ``reward``, in reward units: the part of it the bundle's guard puts in doubt (higher = less
     trustworthy; ``nvrm.guard``). None when the bundle has no guard."""
+    frame_stats: Mapping[str, float] | None = field(default=None, repr=False, compare=False)
+    """Cheap statistics of the candidate frames the model saw (brightness, saturation, contrast, sharpness, texture,
+    change; ``nvrm.guard.stats``), read with the uncertainty; what the rollout monitor follows. None without a guard."""
 
     def conservative(self, weight: float) -> float:
         """``reward - weight * uncertainty``: the reward to optimise when the policy may game it (needs a guard)."""

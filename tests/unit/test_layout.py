@@ -116,11 +116,6 @@ def folder(module: str) -> str:
 
 
 TOLERATED_FOLDER_EDGES = {
-    # guard/ holds both what scoring runs (trust, reading, sidecar, conservative) and how a guard is fitted; the
-    # fitting side reads preference pairs and attacks the differentiable reward, so guard and scoring/prefs import
-    # each other by folder (no module circle). Until the guard's fitting moves to a folder of its own:
-    ("nvrm.guard.fitting", "nvrm.prefs.pairs"),
-    ("nvrm.guard.attack", "nvrm.scoring.differentiable"),
 }
 """Module edges left out of the folder graph, each with its reason (temporary: the rule holds for everything else;
 an entry goes once its import does)."""

@@ -28,8 +28,8 @@ def _size(text: str) -> tuple[int, int]:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm bench``: the workload, the random bundle size and the workload's own knobs."""
-    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step", "backend-parity"], default="files",
-                   help="what to measure (default files)")
+    p.add_argument("--workload", choices=["files", "rl", "engine", "vision", "grad", "train", "train-step", "backend-parity", "hacking"],
+                   default="files", help="what to measure (default files)")
     p.add_argument("--arch", choices=["tiny", "deep", "mid", "4b"], default="mid", help="random bundle size (4b: the real architecture, GPU)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -53,6 +53,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     bp = p.add_argument_group("backend-parity workload (also --G, --n-groups, --context-s, --fps, --size)")
     bp.add_argument("--vllm-url", default=None, help="a vLLM server serving the bench bundle's export, instead of vLLM in this process")
     bp.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes compared, each on its own engine")
+    hk = p.add_argument_group("hacking workload (a bundle with a guard; default: the embedded demo bundle)")
+    hk.add_argument("--model", help="bundle with a guard (default: the embedded demo bundle)")
+    hk.add_argument("--hack-examples", type=int, default=12, help="held-out synthetic examples for detection (0: skip)")
+    hk.add_argument("--hack-seed", type=int, default=3_000_000, help="first held-out example seed")
+    hk.add_argument("--over-steps", type=int, default=40, help="optimisation steps of the over-optimisation runs (0: skip)")
+    hk.add_argument("--over-seeds", type=_ints, default=(4_000_000, 4_000_001, 4_000_002), help="start examples of the over-optimisation runs")
+    hk.add_argument("--cost-repeats", type=int, default=10, help="alternated score_group calls with and without the guard (0: skip)")
+    hk.add_argument("--plots", metavar="DIR", help="write the figures (PNG) here")
     tr = p.add_argument_group("train and train-step workloads")
     tr.add_argument("--examples", type=int, default=8, help="synthetic examples of the small pairs file, 2 pairs each (train)")
     tr.add_argument("--factor", type=int, default=10, help="how many times larger the large pairs file is (train)")
@@ -118,6 +126,18 @@ def run(args: argparse.Namespace) -> int:
                                           args.fps, size, device=args.device, vllm_url=args.vllm_url, dtypes=dtypes,
                                           measure_peak=args.measure_peak)
         text = bench.format_backend_parity(report)
+    elif args.workload == "hacking":
+        import sys
+
+        from .demo import ensure_demo_bundle
+        from ..bench import hacking
+
+        report = hacking.run_hacking(args.model or str(ensure_demo_bundle()), examples=args.hack_examples, seed=args.hack_seed,
+                                     over_seeds=args.over_seeds, over_steps=args.over_steps, cost_repeats=args.cost_repeats,
+                                     say=lambda m: print(f"nvrm bench: {m}", file=sys.stderr))
+        if args.plots:
+            report["plots"] = hacking.plot_hacking(report, args.plots)
+        text = hacking.format_hacking(report)
     else:
         report = bench.run_vision(args.arch, frames=args.frames, device=args.device)
         text = bench.format_vision(report)

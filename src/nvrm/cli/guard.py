@@ -12,8 +12,7 @@ from .options import DeferredParser
 def add_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm guard``: ``fit`` (the model's flags, the pairs, references, the fit settings) and ``show``.
 
-    The ``fit`` flags are added only when ``fit`` is used (a ``DeferredParser``): its settings live in
-    ``nvrm.guard.fitting``, which imports torch."""
+    The ``fit`` flags are added only when ``fit`` is used (a ``DeferredParser``), like every subcommand's."""
     sub = p.add_subparsers(dest="guard_command", required=True, metavar="ACTION", parser_class=DeferredParser)
     f = sub.add_parser("fit", help="fit the guard from preference pairs and write it into the bundle (nvrm_guard.safetensors, listed in its "
                        "manifest)", add_args=add_fit_args)
@@ -25,7 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def add_fit_args(f: argparse.ArgumentParser) -> None:
     """Flags of ``nvrm guard fit``: the model's flags, the pairs, references and every ``GuardFitSettings`` field."""
-    from ..guard.fitting import GuardFitSettings
+    from ..guard.fit_settings import GuardFitSettings
     from .model_flags import add_model_args
     from .options import add_dataclass_args
 
@@ -37,8 +36,9 @@ def add_fit_args(f: argparse.ArgumentParser) -> None:
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    """``nvrm guard fit``: :func:`nvrm.guard.fit_guard`, then :func:`nvrm.guard.write_bundle_guard`. Returns 0."""
-    from ..guard import GuardFitSettings, fit_guard, read_references, write_bundle_guard
+    """``nvrm guard fit``: :func:`nvrm.train.fit_guard`, then :func:`nvrm.guard.write_bundle_guard`. Returns 0."""
+    from ..guard import GuardFitSettings, write_bundle_guard
+    from ..train import fit_guard, read_references
     from .model_flags import load_model
     from .options import dataclass_from_args
 

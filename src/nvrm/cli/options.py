@@ -23,8 +23,8 @@ from ..errors import ConfigError
 class DeferredParser(argparse.ArgumentParser):
     """A subcommand's parser that adds its flags (``add_args``) the first time it parses or prints its help.
 
-    Some flags are generated from settings dataclasses that live beside heavy code (``nvrm guard fit``'s from
-    ``nvrm.guard.fitting``): deferred, ``nvrm --help`` and every other subcommand never import them. Every
+    Some flags are generated from settings dataclasses whose modules import more than the command line needs:
+    deferred, ``nvrm --help`` and every other subcommand never import them. Every
     subcommand's ``add_args`` is given one, and a sub-parser it adds (``add_subparsers``) is one too."""
 
     def __init__(self, *args, add_args: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs):

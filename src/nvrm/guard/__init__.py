@@ -2,8 +2,8 @@
 
 - ``Guard`` (``trust.py``): from what a score's one forward computed, an ``uncertainty`` in reward units;
   ``reward - λ * uncertainty`` is the conservative reward;
-- ``fit_guard`` (``fit.py``) fits one for a bundle from preference pairs; ``write_bundle_guard`` stores it beside
-  the release's files as ``nvrm_guard.safetensors`` (listed in the manifest), where ``RewardModel`` finds it;
+- ``nvrm.train.fit_guard`` fits one for a bundle from preference pairs (training: it attacks the model); ``write_bundle_guard``
+  stores it beside the release's files as ``nvrm_guard.safetensors`` (listed in the manifest), where ``RewardModel`` finds it;
 - ``Monitor`` (``monitor.py``): rolling statistics of scored items and whether they look like reward hacking.
 
 Only ``trust``, ``reading`` and ``stats`` run while scoring; nothing here imports the server or a trainer.
@@ -16,7 +16,7 @@ from typing import Any
 
 _LAZY = {
     "Guard": "trust", "GUARD_FILE": "trust", "load_guard": "trust",
-    "fit_guard": "fitting", "GuardFitSettings": "fitting", "read_references": "fitting",
+    "GuardFitSettings": "fit_settings",
     "write_bundle_guard": "sidecar", "read_bundle_guard": "sidecar",
     "Monitor": "monitor", "MonitorSettings": "monitor",
     "check_conservative": "conservative",

@@ -5,8 +5,8 @@
 1. the feature densities are fitted on genuine readings, **cross-fitted**: the features a genuine
    candidate gets for the combination come from densities that never saw it (two folds), so the
    combination learns how far a *new* genuine candidate lies, not how close a seen one does;
-2. a logistic regression (L2, classes weighted equally) on the standardised features separates the
-   hacked from the genuine;
+2. a logistic regression (L2, classes weighted equally) on the standardised features, second order
+   (``trust.TERMS``: each feature, each times the reward, each squared), separates the hacked from the genuine;
 3. the final densities are refitted on every genuine reading; ``floor`` is the genuine rewards' 1st
    percentile, ``threshold`` the genuine uncertainties' 99th, and the monitor's reference ranges come
    from the genuine readings.
@@ -17,10 +17,11 @@ Shapes: n readings, H hidden, k components, F features.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 
-from .trust import DENSITIES, Density, Guard
+from .trust import DENSITIES, Density, Guard, expand
 from .reading import Reading
 from .stats import MONITORED, STATS
 
@@ -76,17 +77,30 @@ def _quantiles(v: torch.Tensor) -> tuple[float, float, float]:
     return (float(q[0]), float(q[1]), float(q[2]))
 
 
-def build_guard(genuine: Reading, hacked: Reading, *, seed: int = 0, l2: float = 1.0, components: int = COMPONENTS,
-                model: str = "", preprocessing: str = "", info: dict | None = None) -> Guard:
-    """A guard from readings of genuine and hacked candidates (module docstring)."""
+def two_folds(n: int, groups: Sequence[str] | None, seed: int) -> list[list[int]]:
+    """Rows 0..n-1 in two folds, whole groups together (an example's candidates share its context: a fold that saw one of
+    them would find the others familiar); seeded (pure)."""
+    if groups is None:
+        groups = [str(i) for i in range(n)]
+    names = sorted(set(groups))
+    order = torch.randperm(len(names), generator=torch.Generator().manual_seed(seed)).tolist()
+    first = {names[i] for i in order[: (len(names) + 1) // 2]}
+    return [[i for i in range(n) if groups[i] in first], [i for i in range(n) if groups[i] not in first]]
+
+
+def build_guard(genuine: Reading, hacked: Reading, *, seed: int = 0, l2: float = 3.0, components: int = COMPONENTS,
+                model: str = "", preprocessing: str = "", info: dict | None = None,
+                genuine_groups: Sequence[str] | None = None, hacked_groups: Sequence[str] | None = None) -> Guard:
+    """A guard from readings of genuine and hacked candidates (module docstring); ``*_groups``: each row's example (its
+    prompt and context), so the cross-fit keeps an example's candidates in one fold."""
     genuine, hacked = genuine.detach(), hacked.detach()
-    n = len(genuine)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    folds = [sorted(order[: n // 2]), sorted(order[n // 2:])]
-    h_order = torch.randperm(len(hacked), generator=torch.Generator().manual_seed(seed + 1)).tolist()
-    h_folds = [sorted(h_order[: len(hacked) // 2]), sorted(h_order[len(hacked) // 2:])]
+    folds = two_folds(len(genuine), genuine_groups, seed)
+    if hacked_groups is not None and genuine_groups is not None:
+        first = {genuine_groups[i] for i in folds[0]}
+        h_folds = [[i for i, g in enumerate(hacked_groups) if g in first], [i for i, g in enumerate(hacked_groups) if g not in first]]
+    else:
+        h_folds = two_folds(len(hacked), None, seed + 1)
     probe = Guard(densities={}, center=torch.zeros(1), scale=torch.ones(1), weight=torch.zeros(1), bias=torch.zeros(()), floor=0.0, threshold=0.0)
-    feats_g = torch.empty(0)
     feats = []
     for f in range(2):
         probe.densities = fit_densities(genuine.select(folds[1 - f]), components)  # densities that never saw fold f
@@ -96,10 +110,10 @@ def build_guard(genuine: Reading, hacked: Reading, *, seed: int = 0, l2: float =
     x = torch.cat([feats_g, feats_h])
     center, scale = x.mean(0), x.std(0).clamp_min(1e-6)
     y = torch.cat([torch.zeros(len(feats_g)), torch.ones(len(feats_h))])
-    weight, bias = logistic((x - center) / scale, y, l2=l2)
+    weight, bias = logistic(expand((x - center) / scale), y, l2=l2)
     rewards_g = genuine.reward.cpu()
     floor = float(torch.quantile(rewards_g.double(), 0.01))
-    logit_g = ((feats_g - center) / scale) @ weight + bias
+    logit_g = expand((feats_g - center) / scale) @ weight + bias
     reward_g = torch.cat([genuine.select(folds[f]).reward for f in range(2)]).cpu()
     u_g = torch.sigmoid(logit_g) * (reward_g - floor).clamp_min(0)
     threshold = float(torch.quantile(u_g.double(), 0.99))

@@ -11,8 +11,9 @@ on?":
 - the frames' sharpness, texture and change, as they are and against the context's;
 - the reward itself.
 
-A logistic combination of those, learnt on genuine candidates against candidates hacked by gradient
-ascent (``fit.py``), gives ``p``, the probability that the reward was gamed. The uncertainty is the
+A logistic combination of those (second order: each feature, each times the reward, each squared), learnt on
+genuine candidates against candidates hacked by gradient ascent (``fitting.py``), gives ``p``, the probability that
+the reward was gamed. The uncertainty is the
 part of the reward that ``p`` puts in doubt::
 
     uncertainty = p * max(0, reward - floor)
@@ -56,8 +57,17 @@ FEATURES = (
     *(f"{s}_vs_context" for s in _LOG_STATS),
     "reward",
 )
-"""The guard's inputs to its logistic combination, in order."""
+"""The guard's raw features, in order (the reward last)."""
+TERMS = (*FEATURES, *(f"{f}*reward" for f in FEATURES[:-1]), *(f"{f}^2" for f in FEATURES[:-1]))
+"""The terms of the logistic combination: each standardised feature, each times the standardised reward (a doubt that
+matters only when the reward is high), and each squared (too far either way)."""
 _EPS = 1e-4
+
+
+def expand(z: torch.Tensor) -> torch.Tensor:
+    """[B, F] standardised features -> [B, len(TERMS)]: themselves, each times the reward (the last), and each squared."""
+    x, reward = z[:, :-1], z[:, -1:]
+    return torch.cat([z, x * reward, x * x], 1)
 
 
 @dataclass
@@ -95,7 +105,7 @@ class Guard:
     densities: dict[str, Density]
     center: torch.Tensor  # [F] feature means (standardisation)
     scale: torch.Tensor  # [F] feature standard deviations
-    weight: torch.Tensor  # [F] logistic weights on standardised features
+    weight: torch.Tensor  # [len(TERMS)] logistic weights on the expanded standardised features
     bias: torch.Tensor  # []
     floor: float
     """What a gamed reward is taken to be worth (a low genuine reward)."""
@@ -125,8 +135,7 @@ class Guard:
 
     def logit(self, r: Reading) -> torch.Tensor:
         """log-odds [B] that each reward was gamed."""
-        z = (self.features(r) - self.center) / self.scale
-        return z @ self.weight + self.bias
+        return expand((self.features(r) - self.center) / self.scale) @ self.weight + self.bias
 
     def uncertainty(self, r: Reading) -> torch.Tensor:
         """[B] the part of each reward in doubt: ``sigmoid(logit) * max(0, reward - floor)`` (reward units)."""
@@ -195,7 +204,7 @@ def load_guard(path: str | Path, *, model: str | None = None, preprocessing: str
         )
     except (KeyError, ValueError, TypeError) as e:
         raise BundleError(f"{path}: the guard file is damaged ({type(e).__name__}: {e}); fit it again with nvrm guard fit") from e
-    if tuple(features) != FEATURES or set(names) != set(DENSITIES) or guard.weight.shape[0] != len(FEATURES):
+    if tuple(features) != FEATURES or set(names) != set(DENSITIES) or guard.weight.shape[0] != len(TERMS):
         raise BundleError(f"{path}: the guard's features {features} are not this nvrm's {list(FEATURES)}; fit it again with nvrm guard fit")
     if model is not None and guard.model != model:
         raise BundleError(

@@ -80,9 +80,28 @@ def _draw(bg: np.ndarray, pos: np.ndarray, color: np.ndarray, size: int, visible
     return f
 
 
-def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarray]:
-    """Frames (T, H, W, 3) for the context, the preferred continuation, each rejected variant and an unrelated ``texture_context``."""
-    rng = np.random.default_rng(seed)
+@dataclass(frozen=True)
+class Motion:
+    """An example's hidden truth: its floor, the square's colour, and its straight-line motion (the oracle of ``nvrm bench``)."""
+
+    background: np.ndarray
+    color: np.ndarray
+    start: np.ndarray
+    """(y, x) of the square's top-left at t = 0 (source pixels)."""
+    velocity: np.ndarray
+    """(dy, dx) per second."""
+
+    def position(self, t: float) -> np.ndarray:
+        """(y, x) of the square's top-left at ``t`` seconds on the straight line."""
+        return self.start + self.velocity * t
+
+
+def motion_of(seed: int, spec: SynthSpec = SynthSpec()) -> Motion:
+    """The floor, colour and motion of example ``seed`` (the draws ``make_example`` makes first), and the generator after them."""
+    return _motion(np.random.default_rng(seed), spec)
+
+
+def _motion(rng: np.random.Generator, spec: SynthSpec) -> Motion:
     bg = _background(rng, spec)
     color = np.array([rng.integers(200, 256), rng.integers(0, 80), rng.integers(150, 256)], dtype=np.uint8)[rng.permutation(3)]
     limits = np.array([spec.height - spec.square, spec.width - spec.square], dtype=float)
@@ -95,9 +114,15 @@ def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarr
     v = v * min(1.0, float(np.min(limits / np.maximum(travel, 1e-9)))) * 0.95
     lo = np.where(v < 0, -v * total, 0.0)
     p0 = rng.uniform(lo, np.maximum(lo, limits - np.where(v > 0, v * total, 0.0)))
+    return Motion(bg, color, p0, v)
 
-    def at(t: float) -> np.ndarray:
-        return p0 + v * t
+
+def make_example(seed: int, spec: SynthSpec = SynthSpec()) -> dict[str, np.ndarray]:
+    """Frames (T, H, W, 3) for the context, the preferred continuation, each rejected variant and an unrelated ``texture_context``."""
+    rng = np.random.default_rng(seed)
+    motion = _motion(rng, spec)
+    bg, color, limits = motion.background, motion.color, np.array([spec.height - spec.square, spec.width - spec.square], dtype=float)
+    at = motion.position
 
     n_ctx, n_cand = spec.context_seconds * spec.fps, spec.candidate_seconds * spec.fps
     t_ctx = np.arange(n_ctx) / spec.fps

@@ -92,20 +92,26 @@ def trl_reward(
             log_metric(f"{name}/revisions", len(live))
         if callable(kwargs.get("log_extra")):
             kwargs["log_extra"](f"{name}/revision", [r or "" for r in revisions])
-        if source.guarded:
-            both = guard_details(results, source.conservative)
-            if callable(kwargs.get("log_extra")):
-                kwargs["log_extra"](f"{name}/raw_reward", both["raw_reward"])
-                kwargs["log_extra"](f"{name}/uncertainty", both["uncertainty"])
-            doubts = [u for u in both["uncertainty"] if u is not None]
-            if callable(log_metric) and doubts:
-                log_metric(f"{name}/uncertainty_mean", sum(doubts) / len(doubts))
-        reward.details = guard_details(results, source.conservative)  # type: ignore[attr-defined]
+        reward.details = _log_both(name, source, results, kwargs.get("log_extra"), log_metric)  # type: ignore[attr-defined]
         return rewards
 
     reward.__name__ = name
     reward.__qualname__ = name
     return reward
+
+
+def _log_both(name: str, source: RewardSource, results: list, log_extra: Any, log_metric: Any) -> dict[str, Any]:
+    """Both values of a call (``guard_details``), logged as TRL columns ``NAME/raw_reward`` and ``NAME/uncertainty`` and the
+    metric ``NAME/uncertainty_mean`` when the model has a guard; returned for ``reward.details``."""
+    both = guard_details(results, source.conservative)
+    if source.guarded:
+        if callable(log_extra):
+            log_extra(f"{name}/raw_reward", both["raw_reward"])
+            log_extra(f"{name}/uncertainty", both["uncertainty"])
+        doubts = [u for u in both["uncertainty"] if u is not None]
+        if callable(log_metric) and doubts:
+            log_metric(f"{name}/uncertainty_mean", sum(doubts) / len(doubts))
+    return both
 
 
 def _columns(name: str, kwargs: dict, n: int) -> dict[str, list]:

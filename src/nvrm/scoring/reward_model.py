@@ -114,6 +114,22 @@ class RewardModel(Scoring):
 
         self.pipeline = dataclasses.replace(self.pipeline, guard=guard_for(value, self.path, self.fingerprint, self.device))
 
+    def watch(self, settings: Any = None) -> Any:
+        """Keep rolling statistics of every item this model scores from now on, against its guard's reference
+        (``nvrm.guard.Monitor``; ``settings``: a ``MonitorSettings``); returns the monitor (``.snapshot()``: ok or suspect)."""
+        import dataclasses
+
+        from ..guard.monitor import Monitor
+
+        monitor = Monitor.for_guard(self.guard, settings)
+        self.pipeline = dataclasses.replace(self.pipeline, monitor=monitor)
+        return monitor
+
+    @property
+    def monitor(self) -> Any:
+        """The monitor ``watch`` started, or None."""
+        return self.pipeline.monitor
+
     @property
     def revision(self) -> str | None:
         """The bundle's revision, recorded in every result."""

@@ -31,7 +31,9 @@ from ..forward.prefix import Prefix
 from ..forward.readout import Tap
 from ..forward.runtime import ForwardRuntime
 from ..guard.trust import Guard
+from ..guard.monitor import Monitor
 from ..guard.reading import read
+from ..guard.stats import STATS
 from ..results import ScoreResult
 from ..settings import LoadSettings
 from ..video.inputs import PreparedVideo
@@ -48,7 +50,8 @@ class ResultMaker:
     contract: Contract
 
     def __call__(
-        self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float, uncertainty: float | None = None
+        self, context: PreparedVideo, candidate: PreparedVideo, num_tokens: int, reward: float, uncertainty: float | None = None,
+        stats: dict[str, float] | None = None,
     ) -> "ScoreResult | ModelError":
         """The result, or a ``ModelError`` in its place when the reward is not a finite number (never passed on)."""
         if not math.isfinite(reward):
@@ -65,6 +68,7 @@ class ResultMaker:
             model_revision=self.revision,
             off_contract=off_contract_reasons(context, candidate, self.contract),
             uncertainty=uncertainty if uncertainty is None or math.isfinite(uncertainty) else None,
+            frame_stats=stats,
         )
 
 
@@ -92,6 +96,15 @@ class Pipeline:
     settings: LoadSettings
     guard: Guard | None = None
     """The bundle's guard: every result then carries an uncertainty, read from its own forward (``nvrm.guard``)."""
+    monitor: Monitor | None = None
+    """Rolling statistics of every item scored (``RewardModel.watch``; the service's per-model monitor)."""
+
+    def observe(self, results: Sequence[Any]) -> list[Any]:
+        """``results``, after the monitor (if any) has seen them."""
+        if self.monitor is not None:
+            for r in results:
+                self.monitor.add_result(r)
+        return list(results)
 
     @property
     def limits(self):
@@ -103,16 +116,18 @@ class Pipeline:
         exact = self.settings.exact if exact is None else exact
         tap = self.runtime.tap() if self.guard is not None else None
         rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact, **({"tap": tap} if tap is not None else {}))
-        doubts = self.uncertainties(tap, rewards, [(p.candidate, p.context) for p in prepared])
-        return [self.results(p.context, p.candidate, p.encoded.num_tokens, r, u) for p, r, u in zip(prepared, rewards, doubts)]
+        doubts, stats = self.uncertainties(tap, rewards, [(p.candidate, p.context) for p in prepared])
+        return self.observe([self.results(p.context, p.candidate, p.encoded.num_tokens, r, u, st)
+                             for p, r, u, st in zip(prepared, rewards, doubts, stats)])
 
-    def uncertainties(self, tap: Tap | None, rewards: Sequence[Any], videos: Sequence[tuple[Any, Any]]) -> list[float | None]:
-        """The guard's uncertainty of each row a ``tap`` saw (``videos[i]``: row i's (candidate, context), each with
-        ``pixels`` and ``grid``); Nones without a guard, or for a row whose reward is not a number."""
-        if tap is None or self.guard is None or not videos:
-            return [None] * len(videos)
-        rows = [i for i, r in enumerate(rewards) if isinstance(r, float) and math.isfinite(r) and i in tap.last and i in tap.frames]
+    def uncertainties(self, tap: Tap | None, rewards: Sequence[Any], videos: Sequence[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
+        """The guard's uncertainty and the frame statistics of each row a ``tap`` saw (``videos[i]``: row i's (candidate, context),
+        each with ``pixels`` and ``grid``); Nones without a guard, or for a row whose reward is not a number."""
         out: list[float | None] = [None] * len(videos)
+        stats: list[dict[str, float] | None] = [None] * len(videos)
+        if tap is None or self.guard is None or not videos:
+            return out, stats
+        rows = [i for i, r in enumerate(rewards) if isinstance(r, float) and math.isfinite(r) and i in tap.last and i in tap.frames]
         if rows:
             import torch
 
@@ -121,9 +136,10 @@ class Pipeline:
                 [(videos[i][0].pixels, videos[i][0].grid) for i in rows], [(videos[i][1].pixels, videos[i][1].grid) for i in rows],
                 self.engine.codec.patch_size if self.engine.codec is not None else 16,
             )
-            for i, u in zip(rows, self.guard.uncertainty(reading).cpu().tolist()):
+            for i, u, st in zip(rows, self.guard.uncertainty(reading).cpu().tolist(), reading.stats.cpu().tolist()):
                 out[i] = float(u)
-        return out
+                stats[i] = dict(zip(STATS, st))
+        return out, stats
 
 
 class PendingGroup:
@@ -337,10 +353,11 @@ def score_chunk(pipe: Pipeline, group: PreparedGroup, prefix: Prefix | None, exa
             rewards, prefix = pipe.runtime.group(enc, prefix, **guarded)
     except NvrmError as e:
         rewards = [e] * len(slots)
-    doubts = pipe.uncertainties(tap, rewards, [(group.candidates[j], group.context) for j in slots])
+    doubts, stats = pipe.uncertainties(tap, rewards, [(group.candidates[j], group.context) for j in slots])
     for row, (j, reward) in enumerate(zip(slots, rewards)):
         if isinstance(reward, NvrmError):
             out[j] = reward
         else:
-            out[j] = pipe.results(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward, doubts[row])
+            out[j] = pipe.results(group.context, group.candidates[j], int(enc.ids[row].shape[0]), reward, doubts[row], stats[row])
+    pipe.observe([out[j] for j in slots])
     return out, prefix

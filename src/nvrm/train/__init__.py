@@ -4,9 +4,11 @@ It imports the scoring library (same preprocessing code path); the library never
 
     fit(base, pairs, output, config) -> Summary      fine-tune, export OUTPUT/bundle and check it (nvrm train)
     prepare_store(model, pairs_files, store) -> StoreBuild   videos prepared once, here or on Ray (nvrm prefs prepare)
+    fit_guard(model, pairs) -> Guard                 a bundle's guard from pairs and its own hacked candidates (nvrm guard fit)
 """
 
 from .config import TrainConfig
 from .fit import RayStore, StoreBuild, Summary, fit, prepare_store
+from .guard_fit import fit_guard, read_references
 
-__all__ = ["TrainConfig", "fit", "Summary", "prepare_store", "StoreBuild", "RayStore"]
+__all__ = ["TrainConfig", "fit", "Summary", "prepare_store", "StoreBuild", "RayStore", "fit_guard", "read_references"]

@@ -1,12 +1,15 @@
-"""Fitting a guard for a bundle: read genuine candidates, hack some, learn to tell them apart.
+"""Fitting a guard for a bundle: read genuine candidates, hack some, learn to tell them apart (``nvrm.guard``).
 
-    guard = fit_guard(model, "pairs.jsonl")              # what `nvrm guard fit` runs
-    write_bundle_guard(bundle, guard)                      # nvrm_guard.safetensors + its manifest entry
+    guard = nvrm.train.fit_guard(model, "pairs.jsonl")           # what `nvrm guard fit` runs
+    nvrm.guard.write_bundle_guard(bundle, guard)                  # nvrm_guard.safetensors + its manifest entry
+
+It lives in ``nvrm.train`` because it is training: it reads preference pairs and attacks the model through its
+differentiable reward; ``nvrm.guard`` holds only what scoring runs.
 
 1. **Genuine**: every distinct (prompt, context, video) of the pairs (both sides; the format ``nvrm train``
    reads), and any reference clips, read through the model as ``score_group`` scores them.
 2. **Hacked**: candidates of the pairs (mostly the rejected ones, which a policy has most to gain from)
-   through signed gradient ascent on the reward (``attack.py``), with budgets of 4 to 32 levels, 4 to 16
+   through signed gradient ascent on the reward (``nvrm.train.ascent``), with budgets of 4 to 32 levels, 4 to 16
    steps, a third written to H.264 and decoded again. Then, for each adaptive round, more of them ascending
    the *conservative* reward of the guard fitted so far: the combination learns what an attacker who knows
    it does, too.
@@ -26,46 +29,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._fields import meta as _help
 from ..errors import ConfigError, InputError, NvrmError
-from .attack import Ascent, ascend
-from .collect import read_group
-from .combine import build_guard
-from .reading import Reading
-from .trust import Guard
+from ..guard.collect import read_group
+from ..guard.combine import build_guard
+from ..guard.fit_settings import GuardFitSettings
+from ..guard.reading import Reading
+from ..guard.trust import Guard
+from .ascent import Ascent, ascend
 
-MIN_PAIRS = 16
-"""Fewest usable pairs a guard is fitted from."""
-BUDGETS = (4, 8, 16, 32)
-"""L-infinity budgets (0..255 levels) of the fit's attackers."""
-STEPS = (4, 8, 16)
-
-
-@dataclass(frozen=True)
-class GuardFitSettings:
-    """How a guard is fitted (``nvrm guard fit``'s flags are generated from these fields)."""
-
-    attacks: int = field(default=96, metadata=_help("candidates hacked for the fit per round (more: a better fit, a longer one)"))
-    adaptive_rounds: int = field(default=1, metadata=_help("rounds of attackers that ascend the conservative reward of the guard fitted so far"))
-    conservative: float = field(default=1.0, metadata=_help("λ of the adaptive attackers' objective reward - λ x uncertainty"))
-    holdout: float = field(default=0.2, metadata=_help("share of the examples (contexts) kept out of the fit to measure it first"))
-    seed: int = field(default=0, metadata=_help("seed of every draw (examples held out, attackers, budgets)"))
-    batch: int = field(default=8, metadata=_help("candidates hacked together (one forward and backward per step)"))
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.attacks < 8:
-            problems.append(f"attacks={self.attacks} must be >= 8")
-        if self.adaptive_rounds < 0:
-            problems.append(f"adaptive_rounds={self.adaptive_rounds} must be >= 0")
-        if not 0 <= self.holdout < 0.9:
-            problems.append(f"holdout={self.holdout} must be in [0, 0.9)")
-        if not self.conservative >= 0:
-            problems.append(f"conservative={self.conservative} must be >= 0")
-        if self.batch < 1:
-            problems.append(f"batch={self.batch} must be >= 1")
-        if problems:
-            raise ConfigError("invalid guard fit settings: " + "; ".join(problems))
+from ..guard.fit_settings import BUDGETS, MIN_PAIRS, STEPS  # noqa: E402
 
 
 @dataclass
@@ -91,6 +63,10 @@ class _Data:
         if not rows:
             return None
         return Reading.cat(self.readings).select(rows)
+
+    def groups(self, keep: Callable[[str], bool]) -> list[str]:
+        """The example of each row ``where(keep)`` holds, in order."""
+        return [e for e in self.examples if keep(e)]
 
 
 def sides_of(pairs: Sequence[Any]) -> list[_Side]:
@@ -132,14 +108,14 @@ def fit_guard(
     _attack(model, pool, rng, s.attacks, None, hacked, s, say)
     fit_only = lambda e: e not in held_keys  # noqa: E731
     held_keys = {f"{p}\x00{c}" for p, c in held}
-    guard = build_guard(genuine.where(fit_only), hacked.where(fit_only), seed=s.seed, **guard_for)  # type: ignore[arg-type]
+    guard = _build(genuine, hacked, fit_only, s.seed, guard_for)
     for r in range(s.adaptive_rounds):
         model.guard = guard
         try:
             _attack(model, pool, rng, s.attacks, s.conservative, hacked, s, say)
         finally:
             model.guard = None
-        guard = build_guard(genuine.where(fit_only), hacked.where(fit_only), seed=s.seed + r + 1, **guard_for)  # type: ignore[arg-type]
+        guard = _build(genuine, hacked, fit_only, s.seed + r + 1, guard_for)
     info: dict[str, Any] = {"method": "density+frame statistics+logistic combination (nvrm.guard)", "pairs": len(usable),
                             "genuine": len(genuine.examples), "hacked": len(hacked.examples), "adaptive_rounds": s.adaptive_rounds,
                             "seed": s.seed}
@@ -154,8 +130,12 @@ def fit_guard(
             model.guard = None
         info["holdout"] = _holdout_report(guard, genuine.where(lambda e: e in held_keys), held_attacked.where(lambda e: True))
         say(f"held-out check: {info['holdout']}")
-    final = build_guard(genuine.where(lambda e: True), hacked.where(lambda e: True), seed=s.seed, info=info, **guard_for)  # type: ignore[arg-type]
-    return final
+    return _build(genuine, hacked, lambda e: True, s.seed, {**guard_for, "info": info})
+
+
+def _build(genuine: _Data, hacked: _Data, keep: Callable[[str], bool], seed: int, extra: dict[str, Any]) -> Guard:
+    return build_guard(genuine.where(keep), hacked.where(keep), seed=seed, genuine_groups=genuine.groups(keep),  # type: ignore[arg-type]
+                       hacked_groups=hacked.groups(keep), **extra)
 
 
 def _key(prompt: str, context: Any) -> str:
@@ -254,7 +234,7 @@ def _holdout_report(guard: Guard, genuine: Reading | None, hacked: Reading | Non
     """AUROC of the uncertainty (hacked vs genuine) on examples the fit did not use, and the counts."""
     if genuine is None or hacked is None:
         return {}
-    from .separation import auroc
+    from ..guard.separation import auroc
 
     g = guard.uncertainty(genuine.to(guard.device)).cpu().tolist()
     h = guard.uncertainty(hacked.to(guard.device)).cpu().tolist()

@@ -6,7 +6,7 @@ of a candidate by ``step`` in the direction that raises the objective, ``steps``
 against a guarded model, the conservative reward ``reward - λ * uncertainty`` itself (an attacker who knows
 the guard and ascends what the trainer would hand the policy).
 
-The guard's fit makes its hacked examples here (``fit.py``); the benchmark makes the held-out ones here too,
+The guard's fit makes its hacked examples here (``guard_fit.py``); the benchmark makes the held-out ones here too,
 with other budgets, steps and examples.
 
 Shapes: B candidates, T frames, H x W source size.
@@ -35,14 +35,12 @@ class Ascent:
 def ascend(model, prompt: str, context: Any, starts: Sequence[np.ndarray], fps: float, attacks: Sequence[Ascent]) -> list[np.ndarray]:
     """Each of ``starts`` (uint8 ``[T, H, W, 3]``, one shape) hacked by its ``attacks[b]`` against ``prompt`` and ``context``:
     the uint8 frames a policy would hand in. Candidates sharing an objective and a step count run as one batch."""
-    from ..scoring.differentiable import DifferentiableReward
-
     out: list[Any] = [None] * len(starts)
     by_kind: dict[tuple, list[int]] = {}
     for b, a in enumerate(attacks):
         by_kind.setdefault((a.conservative, a.steps), []).append(b)
     for (weight, steps), rows in by_kind.items():
-        scorer = DifferentiableReward(model, conservative=weight)
+        scorer = model.differentiable(conservative=weight)
         x0 = torch.from_numpy(np.stack([starts[b] for b in rows])).float() / 255.0  # [b, T, H, W, 3]
         budget = torch.tensor([attacks[b].budget for b in rows], dtype=torch.float32).view(-1, 1, 1, 1, 1)
         step = torch.tensor([attacks[b].step for b in rows], dtype=torch.float32).view(-1, 1, 1, 1, 1)
