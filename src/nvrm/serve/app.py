@@ -131,10 +131,9 @@ def build_app(state: AppState, model_or_loader: Any, *, on_fatal: Callable[[str]
     app.state.metrics = serving.metrics
     guard = middleware.BearerGuard(config.api_key, [p for protocol in state.protocols for p in protocol.protected])
     middleware.install(app, guard=guard, metrics=serving.metrics)
-    state.protocols[0].attach_router(app)  # nvrm's own /v1 first, then its jobs, then the others
-    app.include_router(jobs_router(jobs))
-    for protocol in state.protocols[1:]:
+    for protocol in state.protocols:  # no two routers share a path: the order is the docs'
         protocol.attach_router(app)
+    app.include_router(jobs_router(jobs))  # /v1/jobs (the V1 kind is the native protocol's)
     app.include_router(models_router(serving.models, swap))  # GET /v1/models, PUT /v1/models/{name}
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app

@@ -50,8 +50,9 @@ class ProtocolSpec(ABC, Generic[D]):
         """The wire as typed work (runs in a worker thread); ``InputError`` names what is wrong."""
 
     @abstractmethod
-    def encode(self, decoded: D, outcome: Any) -> Reply:
-        """The protocol's answer to ``decoded`` from its typed ``outcome``."""
+    def encode(self, request: Any, outcome: Any) -> Reply:
+        """The protocol's answer from a typed ``outcome``; ``request`` is what it answers: the decoded request (a scoring
+        route's), or what a fetch asked for (cosmos-rl's pull type)."""
 
     @abstractmethod
     def attach_router(self, app: FastAPI) -> None:
