@@ -79,6 +79,8 @@ class ScoreRequest(_Strict):
     exact: bool = Field(False, description="score every item alone (bit-identical to in-process score())")
     model: str | None = Field(None, description="which served model scores it (GET /v1/models); default the first")
     expect_revision: str | None = Field(None, description="refuse (409) unless the model is at this revision")
+    conservative: float | None = Field(None, ge=0, allow_inf_nan=False, description="λ: each result also carries conservative_reward = "
+                                       "reward - λ * uncertainty (the model needs a guard; 400 otherwise)")
 
 
 class ContextUpload(_Strict):
@@ -96,6 +98,8 @@ class GroupRequest(_Strict):
     exact: bool = False
     model: str | None = Field(None, description="which served model scores it (GET /v1/models); default the first")
     expect_revision: str | None = Field(None, description="refuse (409) unless the model is at this revision")
+    conservative: float | None = Field(None, ge=0, allow_inf_nan=False, description="λ: each result also carries conservative_reward = "
+                                       "reward - λ * uncertainty (the model needs a guard; 400 otherwise)")
 
 
 class ErrorCode(str, Enum):
@@ -203,6 +207,7 @@ class ScoreResponse(BaseModel):
     model: ModelInfo
     contract: str = Field(description="preprocessing fingerprint: comparable rewards share it")
     replica: str | None = Field(None, description="which server process answered")
+    conservative: float | None = Field(None, description="the λ of each result's conservative_reward, when the request asked for one")
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
@@ -221,6 +226,7 @@ _PHRASES = {
     "too_short": "must be a non-empty list",
     "greater_than": "must be a positive number",
     "finite_number": "must be a finite number",
+    "greater_than_equal": "must be a number >= 0",
 }
 
 

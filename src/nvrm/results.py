@@ -85,10 +85,13 @@ def error_code(e: BaseException) -> str:
     return "error"
 
 
-def item_dict(result: "ScoreResult | BaseException") -> dict[str, Any]:
-    """What the service returns per item: the reward fields, or ``{"error": {"code", "message"}}``."""
+def item_dict(result: "ScoreResult | BaseException", conservative: float | None = None) -> dict[str, Any]:
+    """What the service returns per item: the reward fields (with ``conservative``, also ``reward - conservative *
+    uncertainty`` as ``conservative_reward``), or ``{"error": {"code", "message"}}``."""
     if isinstance(result, BaseException):
         return {"error": {"code": error_code(result), "message": one_line(result)}}
+    if conservative is not None and result.uncertainty is not None:
+        return {**item_dict(result), "conservative_reward": result.conservative(conservative)}
     return {
         "reward": result.reward,
         "num_tokens": result.num_tokens,

@@ -24,30 +24,10 @@ def example(seed: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, tiny_bundle):
-    """A copy of the tiny bundle with a guard fitted from its own readings (genuine: the synthetic variants; 'hacked': noisy
-    and brightened copies, which stand in for attacks here; tests/e2e/test_guard_cli.py fits with real ones)."""
-    from nvrm.bundle import weights_fingerprint
-    from nvrm.guard.collect import read_group
-    from nvrm.guard.combine import build_guard
-    from nvrm.guard.reading import Reading
-    from nvrm.guard.sidecar import write_bundle_guard
+    """A copy of the tiny bundle with a guard (``helpers.guarded_copy``: noisy copies stand in for hacked candidates)."""
+    from helpers import guarded_copy
 
-    folder = tmp_path_factory.mktemp("guarded") / "tiny"
-    shutil.copytree(tiny_bundle, folder)
-    plain = RewardModel.from_pretrained(folder, device="cpu")
-    rng = np.random.default_rng(0)
-    genuine, hacked = [], []
-    for seed in range(6):
-        ex = example(seed)
-        names = ["preferred", "freeze", "teleport", "reverse", "flicker", "blur", "noise"]
-        _, rd = read_group(plain, PROMPT, Clip(ex["context"], 4), [Clip(ex[n], 4) for n in names])
-        genuine.append(rd)
-        spoilt = [np.clip(ex[n].astype(int) + rng.integers(-24, 25, ex[n].shape), 0, 255).astype(np.uint8) for n in names[:4]]
-        _, rd = read_group(plain, PROMPT, Clip(ex["context"], 4), [Clip(s, 4) for s in spoilt])
-        hacked.append(rd)
-    guard = build_guard(Reading.cat(genuine), Reading.cat(hacked), model=weights_fingerprint(folder), preprocessing=plain.fingerprint)
-    plain.close()
-    write_bundle_guard(folder, guard)
+    folder = guarded_copy(tiny_bundle, tmp_path_factory.mktemp("guarded") / "tiny")
     m = RewardModel.from_pretrained(folder, device="cpu")
     yield m, folder
     m.close()

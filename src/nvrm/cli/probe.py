@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             if not hasattr(r, "outcomes"):
                 print(f"nvrm probe: not probed: {r}", file=sys.stderr)
                 continue
-            print(f"{r.candidate}: original reward {r.reward:+.4f}")
+            doubt = f" (uncertainty {r.uncertainty:.4f}: the part of the reward the guard puts in doubt)" if r.uncertainty is not None else ""
+            print(f"{r.candidate}: original reward {r.reward:+.4f}{doubt}")
             print(f"  {'perturbation':<13} {'reward':>9} {'delta':>9} {'P(pert>orig)':>12}")
             for o in r.outcomes:
                 if o.error:

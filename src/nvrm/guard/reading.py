@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from .stats import frame_stats
+from .stats import clip_stats
 
 
 @dataclass
@@ -65,14 +65,11 @@ def read(
     (``last[b]``: [H]), rewards [B], and the (patches, grids) of each candidate and of its context (on the device,
     or anywhere: they are moved to the features' device)."""
     device = last[0].device
-    stats = torch.stack([frame_stats(p.to(device), g, patch_size) for p, g in candidates])
-    ctx_cache: dict[int, torch.Tensor] = {}
-    ctx_stats = []
-    for p, g in context:  # a group's candidates share one context: its statistics once
-        key = id(p)
-        if key not in ctx_cache:
-            ctx_cache[key] = frame_stats(p.to(device), g, patch_size)
-        ctx_stats.append(ctx_cache[key])
+    contexts = {id(p): (p, g) for p, g in context}  # a group's candidates share one context: its statistics once
+    keys = list(contexts)
+    both = clip_stats([(p.to(device), g) for p, g in candidates] + [(p.to(device), g) for p, g in contexts.values()], patch_size)
+    stats, ctx_rows = both[: len(candidates)], both[len(candidates):]
+    ctx_stats = [ctx_rows[keys.index(id(p))] for p, _ in context]
     return Reading(
         rewards.to(device).float(),
         torch.stack(list(last)),

@@ -5,10 +5,13 @@ channel-major). The statistics here read those patches as they are, so they need
 frames and run where the model runs; on the differentiable path the same function reads the float
 patches that carry the gradient, so an attacker's gradient sees them too.
 
+Each frame is read on at most ``PATCHES_PER_FRAME`` of its patches, evenly spread over it (the same ones in every frame
+of one size): statistics of a frame need no more, and the cost stays a small share of a forward on any model.
+
 Per frame, then averaged over the clip:
 
 - ``brightness``: mean luma (0..1);
-- ``saturation``: mean of (max - min) / max over the colour channels;
+- ``saturation``: mean over patches of (max - min) / max of the patch's mean colour;
 - ``contrast``: standard deviation of luma;
 - ``sharpness``: mean absolute Laplacian of luma inside each patch;
 - ``texture``: root mean square of that Laplacian (a dense perturbation raises it with sharpness;
@@ -20,43 +23,80 @@ Shapes: N patches, I frames, K statistics, ps patch side.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 
+PATCHES_PER_FRAME = 24
+"""Patches of each frame the statistics read (a contract frame has at most 300: 76,800 pixels in 16x16 patches)."""
 STATS = ("brightness", "saturation", "contrast", "sharpness", "texture", "change")
+LUMA = torch.tensor([[0.299, 0.587, 0.114]])
+"""Rec. 601 luma weights [1, 3]."""
 """The statistics' names, in the order ``frame_stats`` returns them."""
 MONITORED = ("brightness", "saturation", "contrast", "sharpness", "change")
 """The statistics the monitor follows (``nvrm.guard.monitor``)."""
 
 
 def frame_stats(patches: torch.Tensor, grids: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """float32 [K] statistics (``STATS``) of one clip's frames, from its patches ``[N, 3 * ps * ps]``
-    (uint8 levels or float 0..255) and their grids ``[I, 3]``; zeros for a clip of no frames."""
+    """float32 [K] statistics (``STATS``) of one clip's frames, from its patches ``[N, 3 * ps * ps]`` (uint8 levels or
+    float 0..255) and their grids ``[I, 3]``; zeros for a clip of no frames."""
+    return clip_stats([(patches, grids)], patch_size)[0]
+
+
+def clip_stats(clips: Sequence[tuple[torch.Tensor, torch.Tensor]], patch_size: int) -> torch.Tensor:
+    """float32 [C, K] statistics of C clips (each ``(patches, grids)``), computed together in one pass over their read patches."""
     ps = int(patch_size)
-    if patches.shape[0] == 0:
-        return torch.zeros(len(STATS), dtype=torch.float32, device=patches.device)
-    x = patches.to(torch.float32).reshape(-1, 3, ps, ps) / 255.0  # [N, 3, ps, ps]
-    luma = 0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]  # [N, ps, ps]
-    hi, lo = x.amax(1), x.amin(1)
-    sat = (hi - lo) / hi.clamp_min(1e-3)
+    device = clips[0][0].device
+    parts, frame_of, pairs_a, pairs_b, pair_clip = [], [], [], [], []
+    frames_per_clip, at, frame = [], 0, 0
+    for c, (patches, grids) in enumerate(clips):
+        counts, picked = _spread(tuple(int(n) for n in grids.prod(-1).tolist()))
+        if picked:
+            parts.append(patches.index_select(0, torch.as_tensor(picked, device=patches.device)).to(device))
+        starts = [at + sum(counts[:f]) for f in range(len(counts))]
+        for f, k in enumerate(counts):
+            frame_of += [frame + f] * k
+        for f in range(len(counts) - 1):  # consecutive frames of one size: the same patches, read in both
+            if counts[f] == counts[f + 1] and tuple(grids[f].tolist()) == tuple(grids[f + 1].tolist()):
+                pairs_a += range(starts[f], starts[f] + counts[f])
+                pairs_b += range(starts[f + 1], starts[f + 1] + counts[f])
+                pair_clip += [c] * counts[f]
+        frames_per_clip.append(len(counts))
+        at += sum(counts)
+        frame += len(counts)
+    out = torch.zeros(len(clips), len(STATS), dtype=torch.float32, device=device)
+    if not parts:
+        return out
+    x = torch.cat(parts).to(torch.float32).reshape(-1, 3, ps * ps)  # [n, 3, ps*ps] levels
+    luma = (LUMA.to(device) @ x / 255.0).reshape(-1, ps, ps)  # [n, ps, ps]
+    colour = x.mean(2) / 255.0  # [n, 3] each patch's mean colour
+    hi, lo = colour.amax(1), colour.amin(1)
     lap = 4 * luma[:, 1:-1, 1:-1] - luma[:, :-2, 1:-1] - luma[:, 2:, 1:-1] - luma[:, 1:-1, :-2] - luma[:, 1:-1, 2:]
-    counts = grids.prod(-1).tolist()
-    per_patch = torch.stack([luma.mean((1, 2)), sat.mean((1, 2)), (luma * luma).mean((1, 2)), lap.abs().mean((1, 2)), (lap * lap).mean((1, 2))], 1)
-    frames = torch.split(per_patch, counts)  # I x [n_i, 5]
-    rows = []
-    for f in frames:
-        m = f.mean(0)
-        var = (m[2] - m[0] * m[0]).clamp_min(0)
-        rows.append(torch.stack([m[0], m[1], (var + 1e-12).sqrt(), m[3], (m[4] + 1e-12).sqrt()]))
-    out = torch.stack(rows).mean(0)
-    return torch.cat([out, _change(luma, counts).reshape(1)])
+    per_patch = torch.stack([luma.mean((1, 2)), (hi - lo) / hi.clamp_min(1e-3), (luma * luma).mean((1, 2)), lap.abs().mean((1, 2)),
+                             (lap * lap).mean((1, 2))], 1)
+    fid = torch.as_tensor(frame_of, device=device)
+    sums = torch.zeros(frame, 5, dtype=torch.float32, device=device).index_add(0, fid, per_patch)
+    m = sums / torch.bincount(fid, minlength=frame).clamp_min(1).unsqueeze(1).to(torch.float32)  # [F, 5] per-frame means
+    per_frame = torch.stack([m[:, 0], m[:, 1], (m[:, 2] - m[:, 0] * m[:, 0]).clamp_min(0).add(1e-12).sqrt(), m[:, 3], m[:, 4].add(1e-12).sqrt()], 1)
+    cid = torch.as_tensor([c for c, n in enumerate(frames_per_clip) for _ in range(n)], device=device)
+    nframes = torch.as_tensor(frames_per_clip, device=device, dtype=torch.float32).clamp_min(1).unsqueeze(1)
+    out = torch.cat([torch.zeros(len(clips), 5, device=device).index_add(0, cid, per_frame) / nframes, out[:, 5:]], 1)
+    if pairs_a:
+        change = (luma[torch.as_tensor(pairs_b, device=device)] - luma[torch.as_tensor(pairs_a, device=device)]).abs().mean((1, 2))
+        pc = torch.as_tensor(pair_clip, device=device)
+        per_clip = torch.zeros(len(clips), device=device).index_add(0, pc, change) / torch.bincount(pc, minlength=len(clips)).clamp_min(1)
+        out = torch.cat([out[:, :5], per_clip.unsqueeze(1)], 1)
+    return out
 
 
-def _change(luma: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-    """Mean absolute luma difference between consecutive frames of equal size."""
-    frames = torch.split(luma, list(counts))
-    diffs = [(b - a).abs().mean() for a, b in zip(frames, frames[1:]) if a.shape == b.shape]
-    if not diffs:
-        return luma.new_zeros(())
-    return torch.stack(diffs).mean()
+@functools.lru_cache(maxsize=256)
+def _spread(counts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(patches read per frame, their indices into the clip's patches): at most ``PATCHES_PER_FRAME`` per frame, evenly spread (pure)."""
+    per, picked, start = [], [], 0
+    for n in counts:
+        k = min(n, PATCHES_PER_FRAME)
+        picked += [start + (i * n) // k for i in range(k)]
+        per.append(k)
+        start += n
+    return tuple(per), tuple(picked)

@@ -43,6 +43,8 @@ class Outcome:
     flagged: bool
     """A degradation scored higher than the original: a potential reward hack."""
     error: str | None = None
+    uncertainty: float | None = None
+    """The perturbed clip's uncertainty (the bundle's guard); None without one."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class ProbeReport:
     seed: int
     model: dict[str, Any] = field(default_factory=dict)
     frames: dict[str, list] = field(default_factory=dict, repr=False, compare=False)
+    uncertainty: float | None = None
+    """The original candidate's uncertainty (the bundle's guard: how far to trust ``reward``); None without one."""
     """Contract-prepared frames (PIL images) per variant, for the HTML report; not in ``to_dict``."""
 
     @property
@@ -197,7 +201,7 @@ def _report(model, loaded, variants, scores: dict[str, Any], seed: int, keep_fra
             outcomes.append(Outcome(n, p.description, None, None, None, False, one_line(r)))
             continue
         delta = r.reward - original.reward
-        outcomes.append(Outcome(n, p.description, r.reward, delta, sigmoid(delta), p.degrades and delta > 0))
+        outcomes.append(Outcome(n, p.description, r.reward, delta, sigmoid(delta), p.degrades and delta > 0, uncertainty=r.uncertainty))
     frames = {}
     if keep_frames:
         for n, v in variants:
@@ -205,7 +209,7 @@ def _report(model, loaded, variants, scores: dict[str, Any], seed: int, keep_fra
                 frames[n] = list(model.prepare_video(v.candidate, "candidate").images)
         frames["context"] = list(model.prepare_video(ctx, "context").images)
     return ProbeReport(prompt, _label(ctx_src), _label(cand_src), original.reward, outcomes, seed,
-                       {"revision": model.revision, "contract": model.fingerprint}, frames)
+                       {"revision": model.revision, "contract": model.fingerprint}, frames, original.uncertainty)
 
 
 def _label(value: Any) -> str:

@@ -99,7 +99,10 @@ def render_probe_report(reports: Sequence[Any], summary: dict[str, dict[str, Any
             continue
         parts.append(f'<section class="clip" id="clip-{k}" data-reward="{r.reward:.9g}">')
         parts.append(f"<h2>Clip {k + 1}: {esc(r.candidate)}</h2>")
-        parts.append(f'<div class="prompt"><b>Prompt:</b> {esc(r.prompt)}<br><b>Context:</b> {esc(r.context)} · <b>original reward</b> {r.reward:+.4f}</div>')
+        doubt = (f' · <b>uncertainty</b> <span class="uncertainty">{r.uncertainty:.4f}</span> (the part of the reward the guard puts in doubt)'
+                 if r.uncertainty is not None else "")
+        parts.append(f'<div class="prompt"><b>Prompt:</b> {esc(r.prompt)}<br><b>Context:</b> {esc(r.context)} · <b>original reward</b> {r.reward:+.4f}'
+                     f'{doubt}</div>')
         if r.flagged:
             parts.append(f'<p class="flag">⚠ flagged: {esc(", ".join(r.flagged))}</p>')
         else:
@@ -116,6 +119,7 @@ def render_probe_report(reports: Sequence[Any], summary: dict[str, dict[str, Any
                 head += f' · <span class="flag">{esc(o.error)}</span>'
             else:
                 head += f" · reward {o.reward:+.4f} · Δ {o.delta:+.4f} · P(perturbed ≻ original) {o.p_preferred:.3f}"
+                head += f" · uncertainty {o.uncertainty:.4f}" if o.uncertainty is not None else ""
             body = _frames(r.frames[o.name], o.name) if o.name in r.frames else ""
             parts.append(f'<div class="{cls}" data-name="{esc(o.name)}">{head}{body}</div>')
         parts.append("</section>")

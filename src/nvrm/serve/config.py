@@ -177,6 +177,11 @@ class ServeConfig:
     record_rate: float = field(default=1.0, metadata=_help(
         "share of request groups --record keeps (0..1, deterministic for --record-seed)"))
     record_seed: int = field(default=0, metadata=_help("seed of --record-rate's draw"))
+    conservative: float | None = field(default=None, metadata=_help(
+        "λ for the protocols whose clients cannot ask for it (cosmos-rl, UniRL, verl-omni's /drm): they hand out reward - λ x "
+        "uncertainty instead of the raw reward (every model needs a guard; /v1 requests ask with their own conservative field)"))
+    monitor_window: int = field(default=512, metadata=_help("items each model's monitor (GET /v1/models/NAME/monitor) rolls over"))
+    monitor_min_items: int = field(default=32, metadata=_help("items a monitor needs before it calls a stream suspect"))
 
     def __post_init__(self) -> None:
         resolved = []
@@ -215,6 +220,9 @@ class ServeConfig:
             "record_mb": self.record_mb > 0,
             "watch_interval_s": self.watch_interval_s > 0,
             "record_rate": 0.0 <= self.record_rate <= 1.0,
+            "conservative": self.conservative is None or self.conservative >= 0,
+            "monitor_window": 2 <= self.monitor_window <= 1_000_000,
+            "monitor_min_items": 2 <= self.monitor_min_items <= self.monitor_window,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():
@@ -235,6 +243,12 @@ class ServeConfig:
             raise ConfigError(f"--cosmos-image-as {self.cosmos_image_as!r}: use refuse, or still to score each image held still (flagged)")
         if not self.job_namespace or any(c in self.job_namespace for c in " :{}*?[]\\"):
             raise ConfigError(f"--job-namespace {self.job_namespace!r}: use a plain name (letters, digits, - _ .)")
+
+    def monitor_settings(self):
+        """The ``MonitorSettings`` of each served model's monitor."""
+        from ..guard.monitor import MonitorSettings
+
+        return MonitorSettings(window=self.monitor_window, min_items=self.monitor_min_items)
 
     @property
     def max_body_bytes(self) -> int:
@@ -262,4 +276,5 @@ class ServeConfig:
             "context_frames": self.context_frames,
             "cosmos_fallback_score": self.cosmos_fallback_score,
             "cosmos_image_as": self.cosmos_image_as,
+            "conservative": self.conservative,
         }

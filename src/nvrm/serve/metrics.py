@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -62,5 +63,45 @@ class Metrics:
         """A cache's ``on_lookup``: counts each lookup of ``metric`` (labelled ``result``) as a hit or a miss."""
         return lambda hit: metric.labels(result="hit" if hit else "miss").inc()
 
+    def follow_monitors(self, snapshots: Callable[[], dict[str, dict]]) -> None:
+        """Export the rolling monitors ``snapshots()`` gives ({model name: ``Monitor.snapshot()``}) as gauges, read at each scrape."""
+        self.registry.register(_MonitorCollector(snapshots))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _MonitorCollector:
+    """The per-model monitors (``nvrm.guard.monitor``) as gauges: reward mean and spread, uncertainty mean and the share of
+    doubtful items, each monitored frame statistic's mean, the probe's rate, and whether the state is suspect."""
+
+    def __init__(self, snapshots: Callable[[], dict[str, dict]]):
+        self.snapshots = snapshots
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        rows = {
+            "nvrm_monitor_items": ("Items in each model's monitor window", lambda s: s["items"]),
+            "nvrm_monitor_reward_mean": ("Mean reward over the monitor window", lambda s: s["reward"]["mean"]),
+            "nvrm_monitor_reward_std": ("Spread of the reward over the monitor window", lambda s: s["reward"]["std"]),
+            "nvrm_monitor_uncertainty_mean": ("Mean uncertainty over the monitor window (the guard's)", lambda s: s["uncertainty"]["mean"]),
+            "nvrm_monitor_doubtful_share": ("Share of the window's items above the guard's threshold", lambda s: s["uncertainty"]["share_above"]),
+            "nvrm_monitor_probe_above_share": ("Share of sampled probe perturbations that scored above their item", lambda s: s["probe"]["above_original"]),
+            "nvrm_monitor_suspect": ("1 while the monitor calls the stream suspect (the hacking signature), else 0", lambda s: s["state"] == "suspect"),
+        }
+        snaps = self.snapshots()
+        for name, (text, pick) in rows.items():
+            g = GaugeMetricFamily(name, text, labels=["model"])
+            for model, snap in snaps.items():
+                value = pick(snap)
+                if value is not None:
+                    g.add_metric([model], float(value))
+            yield g
+        frames = GaugeMetricFamily("nvrm_monitor_frame_stat", "Mean of a frame statistic of the window's candidates", labels=["model", "stat"])
+        for model, snap in snaps.items():
+            for stat, v in snap.get("frames", {}).items():
+                if v.get("mean") is not None:
+                    frames.add_metric([model, stat], float(v["mean"]))
+        yield frames

@@ -70,6 +70,7 @@ class Serving:
         self.uploads = UploadedContexts(int(config.context_store_mb * 1024 * 1024), Metrics.lookups(self.metrics.context_store))
         """Contexts uploaded once (``POST /v1/contexts``) or first sent inline, named by content hash (``--context-store-mb``)."""
         self.models = ServedModels(config, self.metrics, names, rest)
+        self.metrics.follow_monitors(lambda: {e.name: e.monitor.snapshot() for e in self.models.registry.entries.copy().values()})
         self.recorder = record_capture.from_serve(config)  # --record DIR: scored items kept off the request path (nvrm.record)
 
     # ------------------------------------------------------------ the served models

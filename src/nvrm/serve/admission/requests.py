@@ -42,6 +42,8 @@ class Work:
         """The weights digest it must be scored by (``expect_revision`` on the wire; 409 otherwise); None: any."""
         self.fingerprint: str | None = None
         """The contract fingerprint of the model that parsed it (a swap to another contract meanwhile: retry)."""
+        self.conservative: float | None = None
+        """λ of the conservative reward each answer carries beside the raw one (``reward - λ * uncertainty``); None: not asked."""
 
     @property
     def size(self) -> int:
@@ -162,6 +164,10 @@ def parse_work(ctx: ParseContext, raw: bytes, content_type: str, kind: str) -> W
         group = (req.prompt, context(req.context, "context"), [media(c, f"candidates[{i}]") for i, c in enumerate(req.candidates)])  # type: ignore[union-attr]
         work = Work(kind, req.exact, group=group)
     work.model, work.expect_revision, work.fingerprint = req.model, req.expect_revision, model.fingerprint  # type: ignore[union-attr]
+    if req.conservative is not None and getattr(model, "guard", None) is None:  # type: ignore[union-attr]
+        raise RequestError("request.conservative", f"model {req.model or ctx.names[0]!r} has no guard, so its rewards have no uncertainty "  # type: ignore[union-attr]
+                           "to be conservative with; fit one with nvrm guard fit, or drop conservative")
+    work.conservative = req.conservative  # type: ignore[union-attr]
     work.hash_seconds = HASH_SECONDS.value
     work.body_bytes = len(raw)
     videos = [(c.value, "context", c.key) for _, c, _ in work.items] + [(d.value, "candidate", "") for _, _, d in work.items] if work.items is not None else (

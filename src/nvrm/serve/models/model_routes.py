@@ -9,6 +9,7 @@ from typing import Any, Callable
 from fastapi import APIRouter, Request
 
 from ...errors import RequestError
+from ..http.messages import Reply
 from ..http.routing import respond
 from ...protocol import ADMIN_HEADER
 from .model_swap import allowed_path, check_admin, from_hub, swap, swap_body
@@ -24,6 +25,17 @@ def models_router(models: ServedModels, swap_with: Callable[..., Any] | None = N
     @router.get("/v1/models", summary="The served models: name, revision (manifest sha256), contract, state, memory")
     async def list_models():
         return respond(models.listing())
+
+    @router.get("/v1/models/{name}/monitor", summary="Is the policy gaming this model's reward? Rolling reward, uncertainty and "
+                "frame statistics of its recent items against its guard's reference, and a state (ok / suspect) with a one-line reason")
+    async def monitor(name: str):
+        if (busy := models.not_ready()) is not None:
+            return respond(busy)
+        try:
+            entry = models.registry.current(name)
+        except RequestError as e:
+            return respond(models.refused(e))
+        return respond(Reply(200, {"name": entry.name, "revision": entry.digest, **entry.monitor.snapshot()}))
 
     @router.put("/v1/models/{name}", summary='Swap a model under load: {"path": BUNDLE_DIR} under --allow-dir, or {"repo": ..., '
                 '"revision": ...} from the Hub, with the admin key')

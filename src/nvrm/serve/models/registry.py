@@ -21,6 +21,8 @@ from typing import Any, Callable
 from ..admission.requests import ParseTarget, being_replaced, not_served
 from ..batching.contexts import ContextCache, PrefixCache
 from ..batching.scheduler import Scheduler
+from ...errors import ConfigError
+from ...guard.monitor import Monitor
 from ..config import ServeConfig
 from .weights import model_bytes, release_freed_memory, weights_digest
 
@@ -31,6 +33,9 @@ class ModelEntry:
     """One revision of one named model (its weights, by ``digest``), with its own scheduler and caches."""
 
     def __init__(self, name: str, model, config: ServeConfig, metrics, caches: tuple[ContextCache, PrefixCache]):
+        if config.conservative is not None and getattr(model, "guard", None) is None:
+            raise ConfigError(f"--conservative {config.conservative:g}: model {name!r} ({getattr(model, 'path', None)}) has no guard, so "
+                              "the protocols cannot hand out its conservative reward; fit one with nvrm guard fit")
         self.name, self.model, self.digest = name, model, weights_digest(model)
         self.cache, self.prefixes = caches
         c = config
@@ -40,6 +45,8 @@ class ModelEntry:
         self.retired = False
         self.memory = model_bytes(model)
         self.fingerprint, self.path = model.fingerprint, getattr(model, "path", None)  # still listed once the model is freed
+        self.monitor = model.watch(config.monitor_settings()) if hasattr(model, "watch") else Monitor(None, None, config.monitor_settings())
+        """Rolling statistics of what this revision scores, against its guard (``GET /v1/models/NAME/monitor``)."""
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/models`` lists of it."""

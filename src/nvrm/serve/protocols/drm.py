@@ -41,7 +41,7 @@ from ..http.messages import Reply
 from ..http.routing import ERRORS, pending_body, respond
 from ..serving import Scored
 from .native import served_by
-from .spec import ProtocolSpec, Wire
+from .spec import ProtocolSpec, Wire, both_values, handed_out
 from .unirl import pickle_refusal, pickled
 
 PROTOCOL_VERSION = "1"
@@ -178,8 +178,9 @@ class DrmProtocol(ProtocolSpec[Work]):
             error = item_dict(result)["error"]
             return Reply(422 if error["code"] in INPUT_CODES else 500, {"error": error})
         e = outcome.entry
-        return Reply(200, {"protocol_version": PROTOCOL_VERSION, "raw_scores": [result.reward], "contract": e.fingerprint,
-                           "model": served_by(e),
+        weight = self.serving.config.conservative
+        return Reply(200, {"protocol_version": PROTOCOL_VERSION, "raw_scores": [handed_out(result, weight)], "contract": e.fingerprint,
+                           "model": served_by(e), **both_values(result), **({"conservative": weight} if weight is not None else {}),
                            **({"off_contract": list(result.off_contract)} if result.off_contract else {})},
                      {PROTOCOL_HEADER: PROTOCOL_VERSION})
 

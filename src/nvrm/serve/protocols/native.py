@@ -37,16 +37,20 @@ def served_by(entry) -> dict[str, Any]:
     return {"name": entry.name, "revision": entry.digest, "path": str(entry.path) if entry.path else None}
 
 
-def v1_body(scored: Scored, replica: str) -> dict[str, Any]:
-    """The ``/v1`` answer's body: each item's reward fields or error, tagged with the model and the revision (its weights
-    digest) that scored it, that model, the contract fingerprint and the replica."""
+def v1_body(scored: Scored, replica: str, conservative: float | None = None) -> dict[str, Any]:
+    """The ``/v1`` answer's body: each item's reward fields or error (with ``conservative``, its ``conservative_reward``
+    beside the raw one), tagged with the model and the revision (its weights digest) that scored it, that model, the
+    contract fingerprint and the replica."""
     e = scored.entry
-    return {
-        "results": [{**item_dict(r), "model": e.name, "model_revision": e.digest} for r in scored.results],
+    body = {
+        "results": [{**item_dict(r, conservative), "model": e.name, "model_revision": e.digest} for r in scored.results],
         "model": served_by(e),
         "contract": e.fingerprint,
         "replica": replica,
     }
+    if conservative is not None:
+        body["conservative"] = conservative
+    return body
 
 
 class NativeProtocol(ProtocolSpec[Work]):
@@ -65,7 +69,7 @@ class NativeProtocol(ProtocolSpec[Work]):
 
     def encode(self, decoded: Work, outcome: Scored) -> Reply:
         """The ``/v1`` answer: 200, or 422 (same body) when every item failed on its input."""
-        body = v1_body(outcome, self.serving.replica)
+        body = v1_body(outcome, self.serving.replica, decoded.conservative)
         failed_on_input = body["results"] and all(r.get("error", {}).get("code") in INPUT_CODES for r in body["results"])
         return Reply(422 if failed_on_input else 200, body)
 
@@ -216,7 +220,7 @@ class V1Jobs(JobKind):
         outcome = await self.native.serving.score(job, patient=True)
         if isinstance(outcome, Reply):  # refused as a whole (a revision mismatch, a timeout): the job failed, saying why
             return {"status": "failed", "error": outcome.body.get("error")}
-        return {"status": "done", **v1_body(outcome, self.native.serving.replica)}
+        return {"status": "done", **v1_body(outcome, self.native.serving.replica, job.conservative)}
 
     def failed(self, extra: dict[str, Any], code: ErrorCode | str, message: str) -> dict[str, Any]:
         return {"status": "failed", **error_body(code, message)}

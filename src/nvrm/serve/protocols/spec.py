@@ -83,3 +83,13 @@ class ProtocolSpec(ABC, Generic[D]):
 
         return await self.serving.with_body(body, what, decoded)
 
+
+def handed_out(result: Any, weight: float | None) -> float:
+    """The reward a protocol whose clients cannot ask for it hands out: ``reward - weight * uncertainty`` under ``--conservative``
+    (every served model has a guard then: refused at start), else the raw reward."""
+    return float(result.reward) if weight is None else float(result.conservative(weight))
+
+
+def both_values(result: Any) -> dict[str, float]:
+    """The raw reward and the uncertainty beside a handed-out one (empty without a guard), for answers that can carry them."""
+    return {} if getattr(result, "uncertainty", None) is None else {"raw_reward": float(result.reward), "uncertainty": float(result.uncertainty)}

@@ -36,7 +36,7 @@ from ..http.messages import Reply
 from ..http.request_bodies import parse_json
 from ..http.routing import ERRORS, pending_body, respond
 from ..serving import Scored
-from .spec import ProtocolSpec, Wire
+from .spec import ProtocolSpec, Wire, both_values, handed_out
 
 PROTOCOL_VERSION = "1"
 REWARD_NAME = "nvrm"
@@ -158,8 +158,10 @@ def decode_batch(ctx: ParseContext, raw: bytes) -> UniRLBatch:
     return UniRLBatch(reqs, merged, scored, refused, model.fingerprint)
 
 
-def answer(reqs: list[Any], scored: list[int], results: list[Any], refused: dict[int, InputError], fingerprint: str) -> dict[str, Any]:
-    """UniRL's ``ScoreResponse``: per request its ``{"nvrm": {"reward"}}`` or its error (``results``: the scored items'
+def answer(reqs: list[Any], scored: list[int], results: list[Any], refused: dict[int, InputError], fingerprint: str,
+           conservative: float | None = None) -> dict[str, Any]:
+    """UniRL's ``ScoreResponse``: per request its ``{"nvrm": {"reward"}}`` (the conservative reward under ``--conservative``,
+    with the raw one and the uncertainty beside it when the model has a guard) or its error (``results``: the scored items'
     ``ScoreResult`` or error, in ``scored``'s order), and its identity echoed."""
     out: list[dict] = [{} for _ in reqs]
     errors: list[dict] = [{} for _ in reqs]
@@ -169,7 +171,7 @@ def answer(reqs: list[Any], scored: list[int], results: list[Any], refused: dict
         if isinstance(r, BaseException):
             errors[i] = {REWARD_NAME: one_line(r)}
         else:
-            out[i] = {REWARD_NAME: {"reward": r.reward}}
+            out[i] = {REWARD_NAME: {"reward": handed_out(r, conservative), **both_values(r)}}
     for i, req in enumerate(reqs):
         wanted = req.get("required_rewards") if isinstance(req, dict) else None
         other = [n for n in wanted if n != REWARD_NAME] if isinstance(wanted, list) else []  # a non-list was refused in decode_batch
@@ -200,7 +202,7 @@ class UniRLProtocol(ProtocolSpec[UniRLBatch]):
             status = first.status if isinstance(first, RequestError) else 400
             code = first.code if isinstance(first, RequestError) else ErrorCode.BAD_REQUEST
             return Reply(status, {**Reply.error(code, one_line(first)).body, **answer(b.requests, [], [], b.refused, b.fingerprint)})
-        return Reply(200, answer(b.requests, b.scored, outcome.results, b.refused, b.fingerprint))
+        return Reply(200, answer(b.requests, b.scored, outcome.results, b.refused, b.fingerprint, self.serving.config.conservative))
 
     def health(self) -> Reply:
         """``GET /unirl/health``: the rewards served, once the model is loaded (503 before)."""

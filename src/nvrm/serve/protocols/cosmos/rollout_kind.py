@@ -30,7 +30,7 @@ from ...admission.requests import ParseContext, Work
 from ...http.messages import Reply
 from ...jobs.kinds import JobKind
 from ...jobs.storage import JobRecord
-from ..spec import Wire
+from ..spec import both_values, handed_out, Wire
 from .wire import Enqueued, RolloutScores, frames_view
 
 
@@ -138,13 +138,18 @@ class RolloutJobs(JobKind):
             results, digest, fingerprint = outcome.results, outcome.entry.digest, outcome.entry.fingerprint
         rewards: list[float | None] = [None] * batch
         off: list[list[str]] = [[] for _ in range(batch)]
+        both: list[dict[str, float]] = [{} for _ in range(batch)]
+        weight = self.serving.config.conservative
         for (i, *_), r in zip(items, results):
             if isinstance(r, BaseException):
                 errors[i] = one_line(r)
             else:
-                rewards[i] = r.reward
+                rewards[i] = handed_out(r, weight)
                 off[i] = list(r.off_contract)
+                both[i] = both_values(r)
         own = {**info, "off_contract": off, "model": name, "model_revision": digest, "contract": fingerprint}
+        if any(both):  # the model has a guard: the raw rewards and uncertainties beside what was handed out
+            own.update(raw_rewards=[b.get("raw_reward") for b in both], uncertainty=[b.get("uncertainty") for b in both], conservative=weight)
         return RolloutScores(rewards, errors, own)
 
     # ------------------------------------------------------------ answer
