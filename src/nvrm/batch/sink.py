@@ -26,7 +26,8 @@ from .manifest import Key
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("id", "candidate_index", "candidate", "reward", "error", "num_tokens", "contract", "model_revision", "off_contract", "input_key")
+COLUMNS = ("id", "candidate_index", "candidate", "reward", "error", "num_tokens", "contract", "model_revision", "off_contract", "input_key",
+           "uncertainty")
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -55,7 +56,7 @@ def read_final(path: Path, fmt: str) -> list[dict[str, Any]]:
         import pyarrow.csv as pcsv
 
         types = {"id": "string", "candidate": "string", "error": "string", "contract": "string", "model_revision": "string", "off_contract": "string",
-                 "input_key": "string"}
+                 "input_key": "string", "uncertainty": "double"}
         options = pcsv.ConvertOptions(column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=False)
         table = pcsv.read_csv(path, convert_options=options)
     else:
@@ -129,6 +130,7 @@ class Sink:
                 ("model_revision", pa.string()),
                 ("off_contract", pa.string()),
                 ("input_key", pa.string()),
+                ("uncertainty", pa.float64()),
             ]
         )
         table = pa.Table.from_pylist([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema)
