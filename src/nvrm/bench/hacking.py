@@ -84,14 +84,14 @@ def run_detection(model, examples: int, seed: int, attackers: Sequence[Attacker]
         for n, (prompt, context) in {"swap_prompt": (UNRELATED_PROMPTS[i % len(UNRELATED_PROMPTS)], ctx),
                                      "swap_context": (PROMPT, Clip(ex["texture_context"], fps))}.items():
             rows.append(_row(ex_seed, "genuine", n, model.score(prompt, context, Clip(ex["preferred"], fps))))
-        for a in attackers:
-            starts = [str(s) for s in rng.choice(HACK_STARTS, per_attacker, replace=False)]
-            frames = [_h264(ex[s], fps, 18) if rng.random() < 0.5 else ex[s] for s in starts]
-            hacked = ascend(model, PROMPT, ctx, frames, fps, [Ascent(a.budget / 255, a.step / 255, a.steps, a.conservative)] * len(frames))
-            encoded = [bool(rng.random() < 1 / 3) for _ in hacked]
-            clips = [Clip(_h264(h, fps, 23) if e else h, fps) for h, e in zip(hacked, encoded)]
-            for s, e, r in zip(starts, encoded, model.score_group(PROMPT, ctx, clips)):
-                rows.append(_row(ex_seed, "hacked", s, r, encoded=e, attacker=a.name))
+        plan = [(a, str(s)) for a in attackers for s in rng.choice(HACK_STARTS, per_attacker, replace=False)]
+        frames = [_h264(ex[s], fps, 18) if rng.random() < 0.5 else ex[s] for _, s in plan]
+        # one call: the attackers that share an objective and a step count run as one batch
+        hacked = ascend(model, PROMPT, ctx, frames, fps, [Ascent(a.budget / 255, a.step / 255, a.steps, a.conservative) for a, _ in plan])
+        encoded = [bool(rng.random() < 1 / 3) for _ in hacked]
+        clips = [Clip(_h264(h, fps, 23) if e else h, fps) for h, e in zip(hacked, encoded)]
+        for (a, s), e, r in zip(plan, encoded, model.score_group(PROMPT, ctx, clips)):
+            rows.append(_row(ex_seed, "hacked", s, r, encoded=e, attacker=a.name))
         say(f"example {i + 1}/{examples}: {sum(r['kind'] == 'hacked' for r in rows)} hacked, {sum(r['kind'] == 'genuine' for r in rows)} genuine")
     return {"rows": rows, "summary": summarise_detection(rows), "attackers": [a.__dict__ for a in attackers], "examples": examples, "seed": seed}
 
