@@ -111,3 +111,17 @@ def _b64_mp4(a: np.ndarray, path) -> str:
 
     write_video(path, a, 4.0, options={"crf": "18"})
     return base64.b64encode(path.read_bytes()).decode()
+
+
+def test_a_sampled_probe_scores_a_perturbation_of_each_probed_item_and_the_monitor_counts_it(guarded):
+    import time
+
+    ex = make_example(24)
+    with InProcessServer(guarded, probe_rate=1.0) as s:
+        assert s.post("/v1/score_group", json=group_body(ex, ["preferred", "reverse", "shift"])).status_code == 200
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and s.get("/v1/models/nvrm/monitor").json()["probe"]["sampled"] < 3:
+            time.sleep(0.2)
+        snap = s.get("/v1/models/nvrm/monitor").json()
+    assert snap["probe"]["sampled"] == 3 and 0.0 <= snap["probe"]["above_original"] <= 1.0
+    assert snap["items"] == 6  # the three items and their three probes, all scored by the model

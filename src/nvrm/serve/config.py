@@ -180,6 +180,9 @@ class ServeConfig:
     conservative: float | None = field(default=None, metadata=_help(
         "λ for the protocols whose clients cannot ask for it (cosmos-rl, UniRL, verl-omni's /drm): they hand out reward - λ x "
         "uncertainty instead of the raw reward (every model needs a guard; /v1 requests ask with their own conservative field)"))
+    probe_rate: float = field(default=0.0, metadata=_help(
+        "share of scored items probed off the request path: one degrading perturbation of nvrm probe's, scored on the same "
+        "model, and its monitor reports how often it scored above the original (each probe costs one more item)"))
     monitor_window: int = field(default=512, metadata=_help("items each model's monitor (GET /v1/models/NAME/monitor) rolls over"))
     monitor_min_items: int = field(default=32, metadata=_help("items a monitor needs before it calls a stream suspect"))
 
@@ -221,6 +224,7 @@ class ServeConfig:
             "watch_interval_s": self.watch_interval_s > 0,
             "record_rate": 0.0 <= self.record_rate <= 1.0,
             "conservative": self.conservative is None or self.conservative >= 0,
+            "probe_rate": 0.0 <= self.probe_rate <= 1.0,
             "monitor_window": 2 <= self.monitor_window <= 1_000_000,
             "monitor_min_items": 2 <= self.monitor_min_items <= self.monitor_window,
             "port": 0 <= self.port <= 65535,

@@ -35,6 +35,7 @@ from .config import ServeConfig
 from .http.messages import PendingBody, Reply
 from .metrics import Metrics
 from .models.registry import ModelEntry
+from .models.probing import Prober
 from .models.served import ServedModels
 
 RETRY_S = 0.05
@@ -70,6 +71,8 @@ class Serving:
         self.uploads = UploadedContexts(int(config.context_store_mb * 1024 * 1024), Metrics.lookups(self.metrics.context_store))
         """Contexts uploaded once (``POST /v1/contexts``) or first sent inline, named by content hash (``--context-store-mb``)."""
         self.models = ServedModels(config, self.metrics, names, rest)
+        self.prober = Prober(config.probe_rate)
+        """``--probe-rate``: a sampled share of scored items probed off the request path, for each model's monitor."""
         self.metrics.follow_monitors(lambda: {e.name: e.monitor.snapshot() for e in self.models.registry.entries.copy().values()})
         self.recorder = record_capture.from_serve(config)  # --record DIR: scored items kept off the request path (nvrm.record)
 
@@ -203,7 +206,11 @@ class Serving:
                                    f"model {entry.name!r} was swapped to another contract while this request was read; retry",
                                    {"Retry-After": "1"})
             results = await self._results(work, entry.scheduler, patient)
-            return results if isinstance(results, Reply) else Scored(results, entry)
+            if isinstance(results, Reply):
+                return results
+            self.prober.offer(entry, work.items if work.items is not None else [(work.group[0], work.group[1], d) for d in work.group[2]],  # type: ignore[index]
+                              results)
+            return Scored(results, entry)
         finally:
             self.registry.release(entry)
 
