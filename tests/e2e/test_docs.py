@@ -3,7 +3,7 @@ documentation site builds with ``mkdocs build --strict`` (issue 32, item 6).
 
 A snippet is a fenced block in python, bash, sh, shell or console. The line before it must be
 ``<!-- run: NAME -->`` or ``<!-- not run: REASON -->``. Runnable snippets run in one folder holding
-``artifacts/WORL-NVRM`` (a release-layout tiny bundle), ``context.mp4``, ``candidate.mp4``,
+``artifacts/WORL-NVRM`` (a release-layout tiny bundle with a guard), ``context.mp4``, ``candidate.mp4``,
 ``candidate_b.mp4``, ``manifest.jsonl`` and ``pairs.jsonl``, in the order they appear in their page
 (a page's later snippet may use what an earlier one wrote); each page runs in a copy of that folder of its own,
 two pages at a time. ``server/NAME`` snippets, the README's
@@ -95,9 +95,11 @@ def test_every_snippet_runs_or_says_why():
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory, tiny_bundle, clips):
+    from helpers import guarded_copy
+
     d = tmp_path_factory.mktemp("docs-sandbox")
     (d / "artifacts").mkdir()
-    shutil.copytree(tiny_bundle, d / "artifacts" / "WORL-NVRM")
+    guarded_copy(tiny_bundle, d / "artifacts" / "WORL-NVRM")  # with a guard, as after nvrm guard fit (docs/hacking.md)
     for name, clip in (("context", "context"), ("candidate", "cand_a"), ("candidate_b", "cand_b")):
         shutil.copy(clips[clip], d / f"{name}.mp4")
     rows = [{"id": "g", "prompt": "A person walks.", "context": "context.mp4", "candidates": ["candidate.mp4", "candidate_b.mp4"]},

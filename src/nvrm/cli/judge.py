@@ -19,11 +19,14 @@ def add_pairs_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--rollouts", help="rollouts.jsonl: id, prompt, context, candidates (N videos per context)")
     src.add_argument("--from-record", metavar="DIR", help="a record of nvrm serve --record (or record=DIR): each request group is a rollout, "
-                     "its recorded rewards serve --strategy uncertain (docs/record.md)")
+                     "its recorded rewards (and uncertainties) serve --strategy uncertain and active (docs/record.md)")
     p.add_argument("--output", required=True, help="pairs file to write (the input of nvrm prefs judge)")
-    p.add_argument("--strategy", choices=("all", "k", "uncertain"), default="all",
-                   help="all pairs; k drawn per context; or the k a reward model is least sure about (smallest |r_a - r_b|; needs --model)")
+    p.add_argument("--strategy", choices=("all", "k", "uncertain", "active"), default="all",
+                   help="all pairs; k drawn per context; the k a reward model is least sure about (smallest |r_a - r_b|; needs --model "
+                        "or a record); or active: the --budget most informative pairs over all contexts, by the guard's uncertainty and "
+                        "the Bradley-Terry closeness (docs/record.md)")
     p.add_argument("--k", type=int, default=0, help="pairs per context for --strategy k or uncertain")
+    p.add_argument("--budget", type=int, metavar="N", help="--strategy active: the most pairs to judge in all (each is asked in both orders)")
     p.add_argument("--seed", type=int, default=0, help="seed of --strategy k (the same seed draws the same pairs)")
     add_model_args(p, required=False)
     p.set_defaults(run=run_pairs)
@@ -35,38 +38,68 @@ def run_pairs(args: argparse.Namespace) -> int:
     from .options import check_outputs
 
     rewards: dict[str, list[float]] = {}
+    uncertainties: dict[str, list[float | None]] = {}
     if getattr(args, "from_record", None):
         from ..prefs.pairing import record_rollouts
 
         recorded, problems = record_rollouts(args.from_record)
         rollouts = [r.rollout for r in recorded]
-        if not args.model:  # the rewards the record kept pick --strategy uncertain's pairs (a --model scores them again)
+        if not args.model:  # the rewards (and uncertainties) the record kept pick the pairs (a --model scores them again)
             rewards = {r.rollout.id: list(r.rewards) for r in recorded}
+            uncertainties = {r.rollout.id: list(r.uncertainties) for r in recorded}
     else:
         check_outputs({"--rollouts": args.rollouts}, {"--output": args.output})
         rollouts, problems = read_rollouts(args.rollouts)
-    if args.strategy != "all" and args.k < 1:
-        raise InputError(f"--k {args.k}", f"--strategy {args.strategy} needs --k of at least 1 pair per context")
-    if args.strategy == "uncertain" and not rewards:
+    _check_pair_flags(args)
+    if args.strategy in ("uncertain", "active") and not rewards:
         if not args.model:
-            raise InputError("--strategy uncertain", "needs --model (the reward model whose uncertainty picks the pairs)")
-        from .model_flags import load_model
+            raise InputError(f"--strategy {args.strategy}", "needs --model (the reward model whose uncertainty picks the pairs)")
+        rollouts = _score_rollouts(args, rollouts, rewards, uncertainties, problems)
+    summary = f"({args.strategy})"
+    if args.strategy == "active":
+        from ..prefs.active import active_pair_rows
 
-        with load_model(args) as model:
-            for r, results in zip(rollouts, model.score_groups(((r.prompt, r.context, list(r.candidates)) for r in rollouts), errors="return")):
-                bad = [x for x in results if isinstance(x, BaseException)]
-                if bad:
-                    problems.append(f"rollout {r.id}: not scored ({bad[0]})")
-                else:
-                    rewards[r.id] = [x.reward for x in results]
-        rollouts = [r for r in rollouts if r.id in rewards]
-    rows = [row for r in rollouts for row in pair_rows(r, choose_pairs(len(r.candidates), args.strategy, k=args.k, seed=args.seed, rollout_id=r.id,
-                                                                         rewards=rewards.get(r.id)), rewards.get(r.id))]
+        rows, plan = active_pair_rows(rollouts, rewards, uncertainties, args.budget)
+        if plan.note:
+            print(f"nvrm prefs pairs: --strategy active: {plan.note}", file=sys.stderr)
+        summary = f"(active: the {len(rows)} most informative of {plan.pairs}, most informative first)"
+    else:
+        rows = [row for r in rollouts for row in pair_rows(r, choose_pairs(len(r.candidates), args.strategy, k=args.k, seed=args.seed,
+                                                                           rollout_id=r.id, rewards=rewards.get(r.id)), rewards.get(r.id))]
     Path(args.output).write_text("".join(json.dumps(row) + "\n" for row in rows))
     for line in problems:
         print(f"nvrm prefs pairs: skipped {line}", file=sys.stderr)
-    print(f"nvrm prefs pairs: {len(rows)} pairs from {len(rollouts)} rollouts ({args.strategy}) -> {args.output}")
+    print(f"nvrm prefs pairs: {len(rows)} pairs from {len(rollouts)} rollouts {summary} -> {args.output}")
     return 0 if rows or not problems else 2
+
+
+def _check_pair_flags(args: argparse.Namespace) -> None:
+    """--k for the per-context strategies, --budget for active (and only there); one line naming the flag otherwise."""
+    if args.strategy in ("k", "uncertain") and args.k < 1:
+        raise InputError(f"--k {args.k}", f"--strategy {args.strategy} needs --k of at least 1 pair per context")
+    if args.strategy == "active":
+        if args.budget is None:
+            raise InputError("--strategy active", "needs --budget N: the most pairs to judge over the whole record")
+        if args.budget < 1:
+            raise InputError(f"--budget {args.budget}", "must be at least 1 pair to judge")
+    elif args.budget is not None:
+        raise InputError(f"--budget {args.budget}", f"applies to --strategy active only (this is --strategy {args.strategy}; use --k)")
+
+
+def _score_rollouts(args: argparse.Namespace, rollouts: list, rewards: dict, uncertainties: dict, problems: list[str]) -> list:
+    """Score each rollout with --model (one group each): fills ``rewards`` and ``uncertainties`` (None without a guard) and
+    returns the rollouts that scored; the others are listed in ``problems``."""
+    from .model_flags import load_model
+
+    with load_model(args) as model:
+        for r, results in zip(rollouts, model.score_groups(((r.prompt, r.context, list(r.candidates)) for r in rollouts), errors="return")):
+            bad = [x for x in results if isinstance(x, BaseException)]
+            if bad:
+                problems.append(f"rollout {r.id}: not scored ({bad[0]})")
+            else:
+                rewards[r.id] = [x.reward for x in results]
+                uncertainties[r.id] = [getattr(x, "uncertainty", None) for x in results]
+    return [r for r in rollouts if r.id in rewards]
 
 
 def add_judge_args(p: argparse.ArgumentParser) -> None:

@@ -23,16 +23,18 @@ from ..errors import ConfigError, InputError
 from . import plan as P
 from .cycle_stages import bundle_digest
 
-STRATEGIES = ("least-certain", "all")
+STRATEGIES = ("least-certain", "all", "active")
 
 
 @dataclass(frozen=True)
 class RefreshConfig:
     """How ``nvrm refresh`` runs one cycle (its flags are generated from these fields)."""
 
-    strategy: str = field(default="least-certain", metadata=meta("which pairs of each request group to judge: the least certain "
-                                                                   "(smallest recorded reward gap) or all", choices=STRATEGIES))
-    pairs_per_cycle: int = field(default=256, metadata=meta("the most pairs judged in one cycle"))
+    strategy: str = field(default="least-certain", metadata=meta("which pairs to judge: the least certain of each request group "
+                                                                   "(smallest recorded reward gap), all, or active: the most informative "
+                                                                   "over the whole record, by the recorded uncertainty (the guard) and the "
+                                                                   "Bradley-Terry closeness (docs/refresh.md)", choices=STRATEGIES))
+    pairs_per_cycle: int = field(default=256, metadata=meta("the most pairs judged in one cycle (--strategy active: its judge budget)"))
     holdout: float = field(default=0.2, metadata=meta("fraction of the judged pairs (whole contexts) kept out of training for the gate"))
     require_judges: int = field(default=1, metadata=meta("keep a pair only when at least N judges judged it in both orders"))
     max_anchor_drop: float = field(default=0.02, metadata=meta("the most the accuracy on --anchor-pairs may drop (0.02: two points)"))

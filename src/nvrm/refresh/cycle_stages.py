@@ -83,6 +83,9 @@ def stage_record(cycle, sub: Path) -> str:
         out.append({"id": gid, "prompt": str(members[0]["prompt"]), "context": _as_video(root, ctx, media),
                     "candidates": [_as_video(root, r["candidate"], media) for r in kept],
                     "rewards": [float(r["reward"]) for r in kept], "revisions": [str(r.get("revision")) for r in kept]})
+        doubts = [_uncertainty(r) for r in kept]
+        if any(u is not None for u in doubts):  # recorded by a guarded model (without one the snapshot is as before)
+            out[-1]["uncertainties"] = doubts
     for line in problems[:10]:
         cycle.say(f"nvrm refresh: record: skipped {line}")
     if not out:
@@ -91,12 +94,35 @@ def stage_record(cycle, sub: Path) -> str:
     return _jsonl(sub / "rollouts.jsonl", out)
 
 
+def _uncertainty(row: dict) -> float | None:
+    u = row.get("uncertainty")
+    return float(u) if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and u >= 0 else None
+
+
+def _active_pairs(cycle, rollouts: list[dict]) -> list[dict]:
+    """--strategy active: the --pairs-per-cycle most informative pairs over the whole record (``nvrm.prefs.active``)."""
+    from ..prefs.active import active_pair_rows
+    from ..prefs.pairing import Rollout
+
+    ros = [Rollout(r["id"], r["prompt"], r["context"], tuple(r["candidates"]), 0) for r in rollouts]
+    rows, plan = active_pair_rows(ros, {r["id"]: r["rewards"] for r in rollouts}, {r["id"]: r.get("uncertainties") or [] for r in rollouts},
+                                  cycle.config.pairs_per_cycle)
+    if plan.note:
+        cycle.say(f"nvrm refresh: pairs: --strategy active: {plan.note}")
+    return rows
+
+
 def stage_pairs(cycle, sub: Path) -> str:
-    """The pairs to judge: within each request group, the least certain (smallest recorded gap) or all, up to --pairs-per-cycle."""
+    """The pairs to judge: within each request group, the least certain (smallest recorded gap) or all, or the most informative
+    over the whole record (active), up to --pairs-per-cycle."""
     from ..prefs.pairing import Rollout, choose_pairs, pair_rows
 
     rollouts = _read_jsonl(cycle.root / "record" / "rollouts.jsonl")
     limit = cycle.config.pairs_per_cycle
+    if cycle.config.strategy == "active":
+        rows = _active_pairs(cycle, rollouts)
+        cycle.say(f"nvrm refresh: pairs: {len(rows)} pairs (active, most informative first) from {len(rollouts)} groups")
+        return _jsonl(sub / "pairs.jsonl", rows)
     per_group = max(1, math.ceil(limit / len(rollouts)))
     rows = []
     for r in rollouts:

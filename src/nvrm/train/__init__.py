@@ -9,6 +9,16 @@ It imports the scoring library (same preprocessing code path); the library never
 
 from .config import TrainConfig
 from .fit import RayStore, StoreBuild, Summary, fit, prepare_store
-from .guard_fit import fit_guard, read_references
+
+_LAZY = {"fit_guard": "guard_fit", "read_references": "guard_fit"}
+"""Names imported on first use: the guard's fit needs torch at import, and ``nvrm train --help`` must not."""
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["TrainConfig", "fit", "Summary", "prepare_store", "StoreBuild", "RayStore", "fit_guard", "read_references"]
