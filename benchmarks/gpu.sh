@@ -68,6 +68,9 @@ step vision 40 bench --workload vision --arch "$ARCH" --frames 80
 # 5. the file workload (H.264 files): naive reference vs batch vs group
 step files 90 bench --workload files --arch "$ARCH" --groups 1,8 --contexts 10
 
+# 5a. the guard's share of score_group at G=8 on policy-sized frames (a stand-in guard: the real guard's computation at these shapes)
+step guard_cost 90 bench --workload hacking --cost-arch "$ARCH" --G 8 --size "$SIZE" --cost-repeats 10
+
 # 5b. the differentiable reward at G=8: forward vs forward+backward with and without checkpointing, peak memory
 step grad 90 bench --workload grad --arch "$ARCH" --G 8
 

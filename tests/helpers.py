@@ -244,36 +244,9 @@ class RayServer(Server):
 
 
 def guarded_copy(bundle, folder):
-    """A copy of ``bundle`` with a guard fitted from its own readings, fast (no attacks): genuine are the synthetic
-    variants of six examples, and noisy copies stand in for hacked candidates (``nvrm guard fit``'s own attacks are
-    tested in tests/e2e/test_guard_cli.py). Returns the copy's path."""
-    import shutil
+    """A copy of ``bundle`` with a guard fitted from its own readings, fast (no attacks): ``nvrm bench``'s stand-in guard
+    (noisy copies stand in for hacked candidates; ``nvrm guard fit``'s own attacks are tested in
+    tests/e2e/test_guard_cli.py). Returns the copy's path."""
+    from nvrm.bench.hacking import standin_guard
 
-    import numpy as np
-
-    from nvrm import Clip, RewardModel
-    from nvrm.bundle import weights_fingerprint
-    from nvrm.guard.collect import read_group
-    from nvrm.guard.combine import build_guard
-    from nvrm.guard.reading import Reading
-    from nvrm.guard.sidecar import write_bundle_guard
-    from nvrm.prefs.synthetic import PROMPT, make_example
-
-    shutil.copytree(bundle, folder)
-    with RewardModel.from_pretrained(folder, device="cpu") as plain:
-        rng = np.random.default_rng(0)
-        genuine, hacked, groups_g, groups_h = [], [], [], []
-        for seed in range(6):
-            ex = make_example(seed)
-            names = ["preferred", "freeze", "teleport", "reverse", "flicker", "blur", "noise"]
-            _, rd = read_group(plain, PROMPT, Clip(ex["context"], 4), [Clip(ex[n], 4) for n in names])
-            genuine.append(rd)
-            groups_g += [str(seed)] * len(rd)
-            spoilt = [np.clip(ex[n].astype(int) + rng.integers(-24, 25, ex[n].shape), 0, 255).astype(np.uint8) for n in names[:4]]
-            _, rd = read_group(plain, PROMPT, Clip(ex["context"], 4), [Clip(s, 4) for s in spoilt])
-            hacked.append(rd)
-            groups_h += [str(seed)] * len(rd)
-        guard = build_guard(Reading.cat(genuine), Reading.cat(hacked), model=weights_fingerprint(folder), preprocessing=plain.fingerprint,
-                            genuine_groups=groups_g, hacked_groups=groups_h)
-    write_bundle_guard(folder, guard)
-    return folder
+    return standin_guard(bundle, folder)

@@ -49,3 +49,17 @@ def test_detection_overoptimisation_and_cost_on_a_small_run(guarded, tmp_path):
     assert "AUROC" in text and "over-optimisation" in text and "guard cost" in text
     paths = hacking.plot_hacking(report, str(tmp_path / "plots"))
     assert len(paths) == 2 and all((tmp_path / "plots" / p.rsplit("/", 1)[-1]).stat().st_size > 1000 for p in paths)
+
+
+def test_cost_on_an_architecture_uses_a_stand_in_guard_at_the_asked_frame_size(tmp_path, monkeypatch):
+    import json
+
+    from nvrm.cli.main import main
+
+    monkeypatch.setenv("NVRM_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "cost.json"
+    assert main(["bench", "--workload", "hacking", "--cost-arch", "tiny", "--G", "2", "--cost-repeats", "2", "--size", "48x80",
+                 "--device", "cpu", "--output", str(out)]) == 0
+    cost = json.loads(out.read_text())["cost"]
+    assert cost["group"] == 2 and cost["frame_size"] == [48, 80] and len(cost["times"]["with guard"]) == 2
+    assert (tmp_path / "cache" / "bench-bundle-tiny-standin-guard" / "nvrm_guard.safetensors").is_file()

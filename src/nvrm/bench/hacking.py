@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -245,17 +246,28 @@ def _summarise_curves(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------- cost
 
 
-def run_guard_cost(model, group: int, repeats: int, seed: int = 7) -> dict[str, Any]:
+def _resized(frames: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
+    """``frames`` (T, H, W, 3) at ``size`` (height, width) by nearest neighbour; as they are when ``size`` is None."""
+    if size is None:
+        return frames
+    h, w = frames.shape[1:3]
+    ys = np.minimum(np.arange(size[0]) * h // size[0], h - 1)
+    xs = np.minimum(np.arange(size[1]) * w // size[1], w - 1)
+    return np.ascontiguousarray(frames[:, ys][:, :, xs])
+
+
+def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[int, int] | None = None) -> dict[str, Any]:
     """``score_group`` of one synthetic example's ``group`` candidates with the model's guard and without it, alternated
-    ``repeats`` times in one run (the same inputs, prepared once): the guard's share of the call."""
+    ``repeats`` times in one run (the same inputs, prepared once): the guard's share of the call. ``size``: the frames
+    resized to (height, width), as a policy's frames would be (the default: the task's own small frames)."""
     from ..prefs.synthetic import DEGRADED, PHYSICS, make_example
 
     ex = make_example(seed)
     names = [("preferred", *PHYSICS, *DEGRADED)[k % (1 + len(PHYSICS) + len(DEGRADED))] for k in range(group)]
     from ..clip import Clip
 
-    ctx = model.prepare_video(Clip(ex["context"], 4.0), "context")
-    cands = [model.prepare_video(Clip(ex[n], 4.0), "candidate") for n in names]
+    ctx = model.prepare_video(Clip(_resized(ex["context"], size), 4.0), "context")
+    cands = [model.prepare_video(Clip(_resized(ex[n], size), 4.0), "candidate") for n in names]
     guard = model.guard
     times: dict[str, list[float]] = {"with guard": [], "without": []}
     try:
@@ -268,7 +280,65 @@ def run_guard_cost(model, group: int, repeats: int, seed: int = 7) -> dict[str, 
     finally:
         model.guard = guard
     med = {k: float(np.median(v)) for k, v in times.items()}
-    return {"group": group, "repeats": repeats, "median_s": med, "overhead": med["with guard"] / med["without"] - 1.0, "times": times}
+    frames = tuple(int(x) for x in _resized(ex["context"][:1], size).shape[1:3])
+    return {"group": group, "repeats": repeats, "frame_size": frames, "device": str(model.device), "median_s": med,
+            "overhead": med["with guard"] / med["without"] - 1.0, "times": times}
+
+
+def standin_guard(bundle: str | Path, folder: str | Path, device: str = "cpu", examples: int = 6) -> Path:
+    """A copy of ``bundle`` in ``folder`` with a stand-in guard, fitted in seconds without attacks: genuine are the synthetic
+    task's variants of ``examples`` examples, and noisy copies stand in for hacked candidates. Its detection means nothing;
+    its computation is the real guard's at that model's sizes, so it measures the guard's cost on any architecture
+    (``--cost-arch``), and tests use it where a guard has to exist. Returns the copy's path."""
+    import shutil
+
+    from ..bundle import weights_fingerprint
+    from ..clip import Clip
+    from ..guard.collect import read_group
+    from ..guard.combine import build_guard
+    from ..guard.reading import Reading
+    from ..guard.sidecar import write_bundle_guard
+    from ..prefs.synthetic import make_example
+    from ..scoring.reward_model import RewardModel
+
+    folder = Path(folder)
+    shutil.copytree(bundle, folder)
+    with RewardModel.from_pretrained(folder, device=device) as plain:
+        rng = np.random.default_rng(0)
+        genuine, hacked, groups_g, groups_h = [], [], [], []
+        for seed in range(examples):
+            ex = make_example(seed)
+            names = ["preferred", "freeze", "teleport", "reverse", "flicker", "blur", "noise"]
+            _, rd = read_group(plain, PROMPT, Clip(ex["context"], 4), [Clip(ex[n], 4) for n in names])
+            genuine.append(rd)
+            groups_g += [str(seed)] * len(rd)
+            spoilt = [np.clip(ex[n].astype(int) + rng.integers(-24, 25, ex[n].shape), 0, 255).astype(np.uint8) for n in names[:4]]
+            _, rd = read_group(plain, PROMPT, Clip(ex["context"], 4), [Clip(x, 4) for x in spoilt])
+            hacked.append(rd)
+            groups_h += [str(seed)] * len(rd)
+        guard = build_guard(Reading.cat(genuine), Reading.cat(hacked), model=weights_fingerprint(folder), preprocessing=plain.fingerprint,
+                            genuine_groups=groups_g, hacked_groups=groups_h, info={"stand_in": "noisy copies, for cost and tests only"})
+    write_bundle_guard(folder, guard)
+    return folder
+
+
+def run_guard_cost_on_arch(arch: str, group: int, repeats: int, size: tuple[int, int] | None, device: str | None = None) -> dict[str, Any]:
+    """The guard's cost on a random bundle of ``arch`` (``nvrm bench``'s bench bundles) with a stand-in guard (cached)."""
+    import torch
+
+    from ..scoring.reward_model import RewardModel
+    from .harness import build_bench_bundle, cache_dir
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    folder = cache_dir() / f"bench-bundle-{arch}-standin-guard"
+    if not (folder / "nvrm_guard.safetensors").is_file():
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        standin_guard(build_bench_bundle(arch), folder, device=dev)
+    with RewardModel.from_pretrained(folder, device=dev) as model:
+        out = run_guard_cost(model, group, repeats, size=size)
+    return {"bundle": f"random {arch} with a stand-in guard", "guard": None, "cost": out, "detection": None, "overoptimisation": None}
 
 
 # ---------------------------------------------------------------------------------------------------- the report

@@ -61,6 +61,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     hk.add_argument("--over-seeds", type=_ints, default=(4_000_000, 4_000_001, 4_000_002), help="start examples of the over-optimisation runs")
     hk.add_argument("--cost-repeats", type=int, default=10, help="alternated score_group calls with and without the guard (0: skip)")
     hk.add_argument("--plots", metavar="DIR", help="write the figures (PNG) here")
+    hk.add_argument("--cost-arch", choices=["tiny", "deep", "mid", "4b"], help="measure only the guard's cost, on a random bundle of this "
+                    "size with a stand-in guard (its computation is the real guard's at that size), frames at --size, groups of --G's first")
     tr = p.add_argument_group("train and train-step workloads")
     tr.add_argument("--examples", type=int, default=8, help="synthetic examples of the small pairs file, 2 pairs each (train)")
     tr.add_argument("--factor", type=int, default=10, help="how many times larger the large pairs file is (train)")
@@ -132,9 +134,12 @@ def run(args: argparse.Namespace) -> int:
         from .demo import ensure_demo_bundle
         from ..bench import hacking
 
-        report = hacking.run_hacking(args.model or str(ensure_demo_bundle()), examples=args.hack_examples, seed=args.hack_seed,
-                                     over_seeds=args.over_seeds, over_steps=args.over_steps, cost_repeats=args.cost_repeats,
-                                     say=lambda m: print(f"nvrm bench: {m}", file=sys.stderr))
+        if args.cost_arch:
+            report = hacking.run_guard_cost_on_arch(args.cost_arch, args.group_sizes[0], args.cost_repeats or 10, args.size, args.device)
+        else:
+            report = hacking.run_hacking(args.model or str(ensure_demo_bundle()), examples=args.hack_examples, seed=args.hack_seed,
+                                         over_seeds=args.over_seeds, over_steps=args.over_steps, cost_repeats=args.cost_repeats,
+                                         say=lambda m: print(f"nvrm bench: {m}", file=sys.stderr))
         if args.plots:
             report["plots"] = hacking.plot_hacking(report, args.plots)
         text = hacking.format_hacking(report)
