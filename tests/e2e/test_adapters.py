@@ -324,7 +324,11 @@ def test_verl_batch_function_is_found_by_name_and_settings_are_honoured(demo):
              ground_truths=[None] * 3, extra_infos=[info, info, {"context_video": str(ctx)}])
     assert out[0]["nvrm_ok"] == 1.0 and out[0]["score"] == model.score(PROMPT, ctx, cands["smooth"]).reward
     assert out[0]["nvrm_revision"] == model.revision  # which revision scored the step (verl's reward_extra_info)
-    assert out[1] == {"score": -1.0, "nvrm_ok": 0.0, "nvrm_off_contract": 0.0, "nvrm_revision": ""}
+    # the demo bundle has a guard: every sample's dict has the same keys (verl's reward_extra_info), a failed one NaN
+    assert out[0]["nvrm_raw_reward"] == out[0]["score"] and out[0]["nvrm_uncertainty"] >= 0
+    failed = dict(out[1])
+    assert math.isnan(failed.pop("nvrm_raw_reward")) and math.isnan(failed.pop("nvrm_uncertainty"))
+    assert failed == {"score": -1.0, "nvrm_ok": 0.0, "nvrm_off_contract": 0.0, "nvrm_revision": ""}
     assert out[2]["nvrm_ok"] == 0.0  # no prompt: refused, never scored as an empty prompt
     with pytest.raises(ConfigError, match="unknown setting.*temperature"):
         load_like_verl("compute_score_batch", {"model": model_path(), "temperature": 0.7})(

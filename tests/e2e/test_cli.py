@@ -96,6 +96,9 @@ def test_demo_runs_on_the_embedded_trained_bundle(capsys):
     rewards = [r["reward"] for r in out["results"]]
     assert all(np.isfinite(rewards)) and len(set(rewards)) > 1  # trained: the rewards are not flat
     assert out["results"][0]["candidate"] == "smooth"  # the continuation that keeps moving wins
+    # the demo bundle ships with a guard beside its files (scripts/fit_demo_guard.py): every candidate has an uncertainty
+    assert "nvrm_guard.safetensors" in json.loads((demo_bundle_path() / "RELEASE_MANIFEST.json").read_text())["files"]
+    assert all(isinstance(r["uncertainty"], float) and r["uncertainty"] >= 0 for r in out["results"])
 
 
 def test_embedded_demo_model_beats_the_bar_on_fresh_held_out_clips(tmp_path):

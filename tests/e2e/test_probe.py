@@ -47,6 +47,7 @@ def planted(tmp_path_factory):
     shutil.copytree(demo_bundle_path(), path)
     head = load_file(str(path / "nvrm_head.safetensors"))
     save_file({k: -v for k, v in head.items()}, str(path / "nvrm_head.safetensors"))
+    (path / "nvrm_guard.safetensors").unlink()  # the demo's guard was fitted for the head this negates (it would be refused)
     write_manifest(path, revision="planted-inverted-head")
     return path
 

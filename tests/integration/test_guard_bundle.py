@@ -103,3 +103,20 @@ def test_a_changed_guard_fails_verification_and_a_foreign_one_is_refused_naming_
     write_manifest(other, revision="other")
     with pytest.raises(BundleError, match="not a readable guard file"):
         RewardModel.from_pretrained(other, device="cpu")
+
+
+def test_an_opt_in_contract_scores_without_the_bundles_guard_and_says_so(guarded):
+    """The guard was fitted under the bundle's own contract; a model loaded under an opt-in (short candidates) is not
+    what it describes: that model loads and scores without it, with one warning, and refuses a conservative reward."""
+    from nvrm import Contract
+
+    model, folder = guarded
+    with pytest.warns(UserWarning, match=r"fitted under the bundle's own contract \([0-9a-f]{16}\).*another \([0-9a-f]{16}\).*without a guard"):
+        relaxed = RewardModel.from_pretrained(folder, device="cpu", contract=Contract(short_candidates=True))
+    with relaxed:
+        assert relaxed.guard is None and model.guard is not None
+        ex = example(11)
+        r = relaxed.score(PROMPT, Clip(ex["context"], 4), Clip(ex["preferred"], 4))
+        assert r.uncertainty is None and np.isfinite(r.reward)
+        with pytest.raises(ConfigError, match="has no guard"):
+            relaxed.differentiable(conservative=1.0)

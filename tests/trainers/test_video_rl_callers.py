@@ -84,7 +84,9 @@ def test_videoalign_puts_nvrm_under_overall_only_unless_mapped(demo):
     model, ctx, cands = demo
     inferencer = VideoAlignReward(model, context=str(ctx))
     [out] = inferencer.reward([str(cands["smooth"])], [PROMPT], use_norm=True)
-    assert out == {"Overall": model.score(PROMPT, ctx, cands["smooth"]).reward}
+    want = model.score(PROMPT, ctx, cands["smooth"])
+    # the demo bundle has a guard: beside the reward, the raw reward and its uncertainty (never a VideoAlign dimension)
+    assert out == {"Overall": want.reward, "nvrm_raw_reward": want.reward, "nvrm_uncertainty": pytest.approx(want.uncertainty, rel=1e-3)}
     vq, _ = dancegrpo_hunyuan.videoalign_rewards(inferencer, [str(cands["smooth"])], [[PROMPT]])
     assert vq.tolist() == [-1.0]  # no 'VQ' without keys=: DanceGRPO's except, never another model's name
     with pytest.raises(ConfigError, match="keys=.*VQ, MQ, TA"):
@@ -214,7 +216,9 @@ def test_verl_omni_visual_manager_per_sample_calls_are_one_group(demo, monkeypat
     assert sizes == [4]  # four per-sample calls from verl-omni's executor threads: one batch, one prefill
     want = [model.score(PROMPT, ctx, Clip(v, fps)).reward for v in vids]
     assert len(set(want)) == 4 and [o["reward_score"] for o in outs] == want
-    assert outs[0]["reward_extra_info"] == {"nvrm_ok": 1.0, "nvrm_off_contract": 0.0}
+    extra = dict(outs[0]["reward_extra_info"])
+    assert extra.pop("nvrm_raw_reward") == want[0] and extra.pop("nvrm_uncertainty") >= 0  # the demo bundle has a guard
+    assert extra == {"nvrm_ok": 1.0, "nvrm_off_contract": 0.0}
     # [C, T, H, W] (how verl-omni's own video rewards read a sample) gives the same rewards
     cthw = [(d, s.permute(1, 0, 2, 3), g, i) for d, s, g, i in omni_samples(ctx, vids[:1])]
     assert asyncio.run(gather_visual(fn, cthw))[0]["reward_score"] == want[0]

@@ -8,6 +8,7 @@ without a guard loads exactly as before.
 from __future__ import annotations
 
 import json
+import warnings
 import os
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,26 @@ from ..errors import BundleError
 from .trust import GUARD_FILE, Guard, load_guard
 
 
-def read_bundle_guard(bundle: str | Path, preprocessing: str, device: Any = "cpu") -> Guard | None:
-    """The bundle's guard, checked against its weights and ``preprocessing`` fingerprints; None when it has none."""
+def read_bundle_guard(bundle: str | Path, preprocessing: str, device: Any = "cpu", own_preprocessing: str | None = None) -> Guard | None:
+    """The bundle's guard, checked against its weights and ``preprocessing`` fingerprints; None when it has none.
+
+    ``own_preprocessing``: the fingerprint under the bundle's own contract, when the model is loaded under another
+    (an opt-in such as ``short_candidates``). A guard fitted under the bundle's own contract does not describe those
+    inputs; the model then runs without it, with one warning (``uncertainty`` None, and ``conservative`` refused as
+    for any model without a guard), instead of the load failing. A guard fitted under neither is refused."""
     path = Path(bundle) / GUARD_FILE
     if not path.exists():
         return None
     if not path.is_file():
         raise BundleError(f"{path}: not a regular file; remove it, or fit a guard again with nvrm guard fit")
-    return load_guard(path, model=weights_fingerprint(bundle), preprocessing=preprocessing, device=device)
+    weights = weights_fingerprint(bundle)
+    if own_preprocessing is not None and own_preprocessing != preprocessing:
+        if load_guard(path, model=weights).preprocessing == own_preprocessing:
+            warnings.warn(f"{path}: the guard was fitted under the bundle's own contract ({own_preprocessing[:16]}), and this model "
+                          f"runs under another ({preprocessing[:16]}): it scores without a guard (uncertainty None); fit one under "
+                          "this contract with nvrm guard fit", stacklevel=3)
+            return None
+    return load_guard(path, model=weights, preprocessing=preprocessing, device=device)
 
 
 def write_bundle_guard(bundle: str | Path, guard: Guard) -> Path:

@@ -138,7 +138,9 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     from ..bundle import preprocessing_fingerprint
     from ..guard.sidecar import read_bundle_guard
 
-    guard = read_bundle_guard(path, preprocessing_fingerprint(path, contract), dev)
+    own = Contract.for_bundle(path)
+    guard = read_bundle_guard(path, preprocessing_fingerprint(path, contract), dev,
+                              own_preprocessing=None if contract == own else preprocessing_fingerprint(path, own))
     return {
         "guard": guard,
         "backbone": backbone,
