@@ -57,7 +57,7 @@ def demo_bundle(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("argv", [
     ["--help"], ["score", "--help"], ["verify", "--help"], ["download", "--help"], ["serve", "--help"], ["train", "--help"],
-    ["guard", "--help"], ["prefs", "judge", "--help"], ["refresh", "--help"],
+    ["guard", "--help"], ["guard", "fit", "--help"], ["prefs", "judge", "--help"], ["refresh", "--help"],
 ])
 def test_help_imports_no_torch(argv):
     got = run(*argv)
