@@ -33,8 +33,11 @@ def test_the_oracle_scores_the_straight_line_one_and_a_frozen_square_lower():
 
 def test_detection_overoptimisation_and_cost_on_a_small_run(guarded, tmp_path):
     attackers = (hacking.Attacker("ascent 16/255", 16, 4.0, 2), hacking.Attacker("conservative ascent 16/255", 16, 4.0, 2, 1.0))
-    det = hacking.run_detection(guarded, 1, 3_000_000, attackers)
+    det = hacking.run_detection(guarded, 1, 3_000_000, attackers, squeezed=True)
     s = det["summary"]
+    assert all(isinstance(r["squeezed"], float) for r in det["rows"])  # the opt-in check's second forward, on every row
+    sq = s["opt_in_squeeze"]
+    assert 0 <= sq["at_or_above_preferred"] <= 2 and 0.0 <= sq["pairwise_accuracy"] <= 1.0 and 0.0 <= sq["drop_auroc"] <= 1.0
     assert s["hacked"] == 2 and s["genuine"] == 2 * 15 + 2 and 0.0 <= s["auroc"] <= 1.0
     assert set(s["by_attacker"]) == {a.name for a in attackers}
     assert 0.0 <= s["pairwise_accuracy"]["raw"] <= 1.0 and s["pairwise_accuracy"]["pairs"] == 2 * 14 + 2

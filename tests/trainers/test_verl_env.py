@@ -96,7 +96,9 @@ def test_verl_loader_and_reward_manager_score_through_nvrm(verl_env, demo, want,
 def test_verl_reward_loop_runs_the_in_process_scorer_in_its_ray_worker(verl_env, demo, want, tmp_path):
     out = _callsite(verl_env, "verl_loop_callsite.py", str(demo[0].path), demo, tmp_path, timeout=900)
     assert out["scores"] == [want[0], want[1]] * 4 and out["rest_zero"]
-    assert out["ok"] == [1.0] * 8 and out["extra_keys"] == ["score", "nvrm_ok", "nvrm_off_contract", "nvrm_revision"]
+    # the demo bundle has a guard: each sample also carries its raw reward and uncertainty (verl's reward_extra_info)
+    assert out["ok"] == [1.0] * 8 and out["extra_keys"] == ["score", "nvrm_ok", "nvrm_off_contract", "nvrm_revision", "nvrm_raw_reward",
+                                                            "nvrm_uncertainty"]
     assert out["renderers"] and out["driver"] not in out["renderers"]  # scored inside the reward worker
     assert out["torch"].startswith("2.14.1")
 

@@ -215,3 +215,15 @@ def test_the_monitor_without_a_guard_reports_rewards_only_and_takes_probe_result
     assert p.snapshot()["state"] == "suspect" and "perturbations" in p.snapshot()["reason"]
     with pytest.raises(ConfigError):
         MonitorSettings(window=4, min_items=8)
+
+
+def test_the_squeeze_keeps_what_frames_show_and_loses_a_pixel_pattern():
+    import numpy as np
+
+    from nvrm.bench.hacking import squeeze
+
+    flat = np.full((2, 32, 48, 3), 120, np.uint8)
+    assert squeeze(flat).shape == flat.shape and np.abs(squeeze(flat).astype(int) - 120).max() <= 2
+    pattern = flat.copy()
+    pattern[:, ::2, ::2] += 8  # an 8-level high-frequency perturbation, as a pixel-space hack leaves
+    assert np.abs(squeeze(pattern).astype(int) - pattern).mean() > 1.5

@@ -59,9 +59,30 @@ def _h264(frames: np.ndarray, fps: float, crf: int) -> np.ndarray:
     return reencode(frames, fps, crf)
 
 
+SQUEEZE_QUALITY = 50
+"""JPEG quality of the opt-in check's squeezed second forward (``--squeeze``)."""
+
+
+def squeeze(frames: np.ndarray, quality: int = SQUEEZE_QUALITY) -> np.ndarray:
+    """``frames`` (T, H, W, 3) uint8, each written as a JPEG of ``quality`` and read back: what a squeezed second forward
+    scores. A pixel-level hack does not survive it; what the frames show does."""
+    import io
+
+    from PIL import Image
+
+    out = []
+    for f in frames:
+        buf = io.BytesIO()
+        Image.fromarray(f).save(buf, format="JPEG", quality=quality)
+        out.append(np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")))
+    return np.stack(out)
+
+
 def run_detection(model, examples: int, seed: int, attackers: Sequence[Attacker] = ATTACKERS, per_attacker: int = 1,
-                  say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Score genuine and hacked candidates of ``examples`` held-out synthetic examples (seeds from ``seed``) with ``model``'s guard."""
+                  say: Callable[[str], None] = lambda _: None, squeezed: bool = False) -> dict[str, Any]:
+    """Score genuine and hacked candidates of ``examples`` held-out synthetic examples (seeds from ``seed``) with ``model``'s guard.
+    ``squeezed``: also score every candidate JPEG-squeezed (``squeeze``), the opt-in check's second forward (each row's
+    ``squeezed``); the summary then says what taking ``min(conservative, squeezed reward)`` adds."""
     from ..clip import Clip
     from ..train.ascent import Ascent, ascend
     from ..prefs.synthetic import DEGRADED, PHYSICS, UNRELATED_PROMPTS, make_example
@@ -79,27 +100,40 @@ def run_detection(model, examples: int, seed: int, attackers: Sequence[Attacker]
         ctx = Clip(ex["context"], fps)
         names = ("preferred", *PHYSICS, *DEGRADED)
         for encoded in (False, True):
-            cands = [Clip(_h264(ex[n], fps, 18) if encoded else ex[n], fps) for n in names]
-            for n, r in zip(names, model.score_group(PROMPT, ctx, cands)):
-                rows.append(_row(ex_seed, "genuine", n, r, encoded=encoded))
+            cands = [_h264(ex[n], fps, 18) if encoded else ex[n] for n in names]
+            second = _squeezed_rewards(model, PROMPT, ctx, cands, fps) if squeezed else [None] * len(cands)
+            for n, r, q in zip(names, model.score_group(PROMPT, ctx, [Clip(c, fps) for c in cands]), second):
+                rows.append(_row(ex_seed, "genuine", n, r, encoded=encoded, squeezed=q))
         for n, (prompt, context) in {"swap_prompt": (UNRELATED_PROMPTS[i % len(UNRELATED_PROMPTS)], ctx),
                                      "swap_context": (PROMPT, Clip(ex["texture_context"], fps))}.items():
-            rows.append(_row(ex_seed, "genuine", n, model.score(prompt, context, Clip(ex["preferred"], fps))))
+            [q] = _squeezed_rewards(model, prompt, context, [ex["preferred"]], fps) if squeezed else [None]
+            rows.append(_row(ex_seed, "genuine", n, model.score(prompt, context, Clip(ex["preferred"], fps)), squeezed=q))
         plan = [(a, str(s)) for a in attackers for s in rng.choice(HACK_STARTS, per_attacker, replace=False)]
         frames = [_h264(ex[s], fps, 18) if rng.random() < 0.5 else ex[s] for _, s in plan]
         # one call: the attackers that share an objective and a step count run as one batch
         hacked = ascend(model, PROMPT, ctx, frames, fps, [Ascent(a.budget / 255, a.step / 255, a.steps, a.conservative) for a, _ in plan])
         encoded = [bool(rng.random() < 1 / 3) for _ in hacked]
-        clips = [Clip(_h264(h, fps, 23) if e else h, fps) for h, e in zip(hacked, encoded)]
-        for (a, s), e, r in zip(plan, encoded, model.score_group(PROMPT, ctx, clips)):
-            rows.append(_row(ex_seed, "hacked", s, r, encoded=e, attacker=a.name))
+        shown = [_h264(h, fps, 23) if e else h for h, e in zip(hacked, encoded)]
+        second = _squeezed_rewards(model, PROMPT, ctx, shown, fps) if squeezed else [None] * len(shown)
+        for (a, s), e, r, q in zip(plan, encoded, model.score_group(PROMPT, ctx, [Clip(h, fps) for h in shown]), second):
+            rows.append(_row(ex_seed, "hacked", s, r, encoded=e, attacker=a.name, squeezed=q))
         say(f"example {i + 1}/{examples}: {sum(r['kind'] == 'hacked' for r in rows)} hacked, {sum(r['kind'] == 'genuine' for r in rows)} genuine")
     return {"rows": rows, "summary": summarise_detection(rows), "attackers": [a.__dict__ for a in attackers], "examples": examples, "seed": seed}
 
 
-def _row(example: int, kind: str, variant: str, result: Any, *, encoded: bool = False, attacker: str | None = None) -> dict[str, Any]:
-    return {"example": example, "kind": kind, "variant": variant, "encoded": encoded, "attacker": attacker,
-            "reward": float(result.reward), "uncertainty": float(result.uncertainty)}
+def _squeezed_rewards(model, prompt: str, context: Any, candidates: Sequence[np.ndarray], fps: float) -> list[float]:
+    from ..clip import Clip
+
+    return [float(r.reward) for r in model.score_group(prompt, context, [Clip(squeeze(c), fps) for c in candidates])]
+
+
+def _row(example: int, kind: str, variant: str, result: Any, *, encoded: bool = False, attacker: str | None = None,
+         squeezed: float | None = None) -> dict[str, Any]:
+    row = {"example": example, "kind": kind, "variant": variant, "encoded": encoded, "attacker": attacker,
+           "reward": float(result.reward), "uncertainty": float(result.uncertainty)}
+    if squeezed is not None:
+        row["squeezed"] = squeezed
+    return row
 
 
 def summarise_detection(rows: Sequence[dict[str, Any]], weight: float = 1.0) -> dict[str, Any]:
@@ -136,7 +170,28 @@ def summarise_detection(rows: Sequence[dict[str, Any]], weight: float = 1.0) -> 
         chosen_c.append(cons(same[0]))
         rejected_c.append(cons(r))
     out["pairwise_accuracy"] = {"raw": pairwise_accuracy(chosen, rejected), "conservative": pairwise_accuracy(chosen_c, rejected_c), "pairs": len(chosen)}
+    if rows and all("squeezed" in r for r in rows):
+        out["opt_in_squeeze"] = _summarise_squeeze(genuine, hacked, preferred, weight)
     return out
+
+
+def _summarise_squeeze(genuine: Sequence[dict], hacked: Sequence[dict], preferred: dict[int, list[dict]], weight: float) -> dict[str, Any]:
+    """What the opt-in check adds: each candidate's ``min(conservative, squeezed reward)`` in place of its conservative reward."""
+    from ..guard.separation import auroc, pairwise_accuracy
+
+    checked = lambda r: min(r["reward"] - weight * r["uncertainty"], r["squeezed"])  # noqa: E731
+    above = [r for r in hacked if checked(r) >= min(checked(p) for p in preferred[r["example"]])]
+    chosen, rejected = [], []
+    for r in genuine:
+        if r["variant"] == "preferred":
+            continue
+        same = [p for p in preferred[r["example"]] if p["encoded"] == r["encoded"]] or preferred[r["example"]]
+        chosen.append(checked(same[0]))
+        rejected.append(checked(r))
+    drop = lambda r: r["reward"] - r["squeezed"]  # noqa: E731
+    return {"quality": SQUEEZE_QUALITY, "at_or_above_preferred": len(above),
+            "at_or_above_preferred_by_attacker": {a: sum(r["attacker"] == a for r in above) for a in sorted({r["attacker"] for r in hacked})},
+            "pairwise_accuracy": pairwise_accuracy(chosen, rejected), "drop_auroc": auroc([drop(r) for r in hacked], [drop(r) for r in genuine])}
 
 
 # ---------------------------------------------------------------------------------------------------- over-optimisation
@@ -258,8 +313,9 @@ def _resized(frames: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
 
 def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[int, int] | None = None) -> dict[str, Any]:
     """``score_group`` of one synthetic example's ``group`` candidates with the model's guard and without it, alternated
-    ``repeats`` times in one run (the same inputs, prepared once): the guard's share of the call. ``size``: the frames
-    resized to (height, width), as a policy's frames would be (the default: the task's own small frames)."""
+    ``repeats`` times in one run, which of the two goes first alternating too (the same inputs, prepared once): the
+    guard's share of the call. ``size``: the frames resized to (height, width), as a policy's frames would be (the
+    default: the task's own small frames)."""
     from ..prefs.synthetic import DEGRADED, PHYSICS, make_example
 
     ex = make_example(seed)
@@ -271,8 +327,8 @@ def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[i
     guard = model.guard
     times: dict[str, list[float]] = {"with guard": [], "without": []}
     try:
-        for _ in range(repeats):
-            for name, g in (("with guard", guard), ("without", None)):
+        for i in range(repeats):  # the order alternates too (ABBA): whichever runs first after a switch is not always one side
+            for name, g in (("with guard", guard), ("without", None))[:: 1 if i % 2 == 0 else -1]:
                 model.guard = g
                 t = time.perf_counter()
                 model.score_group(PROMPT, ctx, cands)
@@ -346,14 +402,14 @@ def run_guard_cost_on_arch(arch: str, group: int, repeats: int, size: tuple[int,
 
 def run_hacking(bundle: str, *, examples: int = 12, seed: int = 3_000_000, per_attacker: int = 1, attackers: Sequence[Attacker] = ATTACKERS,
                 over_seeds: Sequence[int] = (4_000_000, 4_000_001, 4_000_002), over_steps: int = 40, cost_group: int = 8, cost_repeats: int = 10,
-                say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+                say: Callable[[str], None] = lambda _: None, squeezed: bool = False) -> dict[str, Any]:
     """The three parts on ``bundle`` (which must have a guard): detection, over-optimisation, and the guard's cost."""
     from ..scoring.reward_model import RewardModel
 
     with RewardModel.from_pretrained(bundle, device="cpu") as model:
         report: dict[str, Any] = {"bundle": str(bundle), "guard": model.guard.summary() if model.guard is not None else None}
         report["cost"] = run_guard_cost(model, cost_group, cost_repeats) if cost_repeats else None
-        report["detection"] = run_detection(model, examples, seed, attackers, per_attacker, say) if examples else None
+        report["detection"] = run_detection(model, examples, seed, attackers, per_attacker, say, squeezed=squeezed) if examples else None
         report["overoptimisation"] = run_overoptimisation(model, over_seeds, over_steps, say=say) if over_steps else None
     return report
 
@@ -376,6 +432,11 @@ def format_hacking(report: dict[str, Any]) -> str:
                          f" {v['mean_reward']:>+11.2f}")
         acc = s["pairwise_accuracy"]
         lines.append(f"  genuine pairwise accuracy: raw {acc['raw']:.3f}, conservative {acc['conservative']:.3f} ({acc['pairs']} pairs)")
+        sq = s.get("opt_in_squeeze")
+        if sq:
+            lines.append(f"  opt-in check (a second forward on JPEG q{sq['quality']} frames; min of it and the conservative reward): "
+                         f"{sq['at_or_above_preferred']} hacked at or above preferred, genuine accuracy {sq['pairwise_accuracy']:.3f}, "
+                         f"reward-drop AUROC {sq['drop_auroc']:.3f}")
     over = report.get("overoptimisation")
     if over:
         lines.append(f"over-optimisation ({over['steps']} Adam steps, {len(over['runs']) // max(1, len(over['summary']))} start(s)):")
