@@ -138,7 +138,7 @@ def _row(example: int, kind: str, variant: str, result: Any, *, encoded: bool = 
 
 def summarise_detection(rows: Sequence[dict[str, Any]], weight: float = 1.0) -> dict[str, Any]:
     """AUROC of the uncertainty, hacked conservative rewards against their example's preferred one, genuine pairwise accuracy (pure)."""
-    from ..guard.separation import auroc, pairwise_accuracy
+    from ..guard.separation import auroc
 
     genuine = [r for r in rows if r["kind"] == "genuine"]
     hacked = [r for r in rows if r["kind"] == "hacked"]
@@ -160,38 +160,40 @@ def summarise_detection(rows: Sequence[dict[str, Any]], weight: float = 1.0) -> 
     out["by_attacker"] = by
     out["conservative_at_or_above_preferred"] = sum(v["conservative_at_or_above_preferred"] for v in by.values())
     out["raw_at_or_above_preferred"] = sum(v["raw_at_or_above_preferred"] for v in by.values())
-    chosen, rejected, chosen_c, rejected_c = [], [], [], []
-    for r in genuine:
-        if r["variant"] == "preferred":
-            continue
-        same = [p for p in preferred[r["example"]] if p["encoded"] == r["encoded"]] or preferred[r["example"]]
-        chosen.append(same[0]["reward"])
-        rejected.append(r["reward"])
-        chosen_c.append(cons(same[0]))
-        rejected_c.append(cons(r))
-    out["pairwise_accuracy"] = {"raw": pairwise_accuracy(chosen, rejected), "conservative": pairwise_accuracy(chosen_c, rejected_c), "pairs": len(chosen)}
+    pairs = _genuine_pairs(genuine, preferred)
+    out["pairwise_accuracy"] = {"raw": _accuracy(pairs, lambda r: r["reward"]), "conservative": _accuracy(pairs, cons), "pairs": len(pairs)}
     if rows and all("squeezed" in r for r in rows):
         out["opt_in_squeeze"] = _summarise_squeeze(genuine, hacked, preferred, weight)
     return out
 
 
+def _genuine_pairs(genuine: Sequence[dict], preferred: dict[int, list[dict]]) -> list[tuple[dict, dict]]:
+    """(preferred, other) rows of each genuine candidate against its example's preferred one, the same encoding where there is one."""
+    out = []
+    for r in genuine:
+        if r["variant"] != "preferred":
+            same = [p for p in preferred[r["example"]] if p["encoded"] == r["encoded"]] or preferred[r["example"]]
+            out.append((same[0], r))
+    return out
+
+
+def _accuracy(pairs: Sequence[tuple[dict, dict]], value: Callable[[dict], float]) -> float:
+    from ..guard.separation import pairwise_accuracy
+
+    return pairwise_accuracy([value(a) for a, _ in pairs], [value(b) for _, b in pairs])
+
+
 def _summarise_squeeze(genuine: Sequence[dict], hacked: Sequence[dict], preferred: dict[int, list[dict]], weight: float) -> dict[str, Any]:
     """What the opt-in check adds: each candidate's ``min(conservative, squeezed reward)`` in place of its conservative reward."""
-    from ..guard.separation import auroc, pairwise_accuracy
+    from ..guard.separation import auroc
 
     checked = lambda r: min(r["reward"] - weight * r["uncertainty"], r["squeezed"])  # noqa: E731
     above = [r for r in hacked if checked(r) >= min(checked(p) for p in preferred[r["example"]])]
-    chosen, rejected = [], []
-    for r in genuine:
-        if r["variant"] == "preferred":
-            continue
-        same = [p for p in preferred[r["example"]] if p["encoded"] == r["encoded"]] or preferred[r["example"]]
-        chosen.append(checked(same[0]))
-        rejected.append(checked(r))
     drop = lambda r: r["reward"] - r["squeezed"]  # noqa: E731
     return {"quality": SQUEEZE_QUALITY, "at_or_above_preferred": len(above),
             "at_or_above_preferred_by_attacker": {a: sum(r["attacker"] == a for r in above) for a in sorted({r["attacker"] for r in hacked})},
-            "pairwise_accuracy": pairwise_accuracy(chosen, rejected), "drop_auroc": auroc([drop(r) for r in hacked], [drop(r) for r in genuine])}
+            "pairwise_accuracy": _accuracy(_genuine_pairs(genuine, preferred), checked),
+            "drop_auroc": auroc([drop(r) for r in hacked], [drop(r) for r in genuine])}
 
 
 # ---------------------------------------------------------------------------------------------------- over-optimisation
