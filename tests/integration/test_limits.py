@@ -10,6 +10,7 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
+import torch
 
 from nvrm import Clip, Contract, InputError, RewardModel
 from nvrm.errors import ConfigError, LimitError
@@ -230,3 +231,10 @@ def test_the_sequence_limit_holds_on_every_path(tiny_bundle):
         assert isinstance(m.score_batch([("p", ctx, CAND)], errors="return")[0], LimitError)
         assert isinstance(m.score_group("p", ctx, [CAND], errors="return")[0], LimitError)
         assert isinstance(m.score_group("p", ctx, [CAND], errors="return", exact=True)[0], LimitError)
+        # refused at birth, once: the engine's item job raises, and a group's row becomes its slot's error
+        with pytest.raises(LimitError, match="max_sequence_tokens=100"):
+            m.engine.prepare_item("p", ctx, CAND)
+        group = m.engine.prepare_group("p", ctx, [CAND])
+        assert group.good == [] and group.encoded is None and isinstance(group.slot_error(0), LimitError)
+        with pytest.raises(LimitError, match="candidate 0.*max_sequence_tokens=100"):
+            m.differentiable()("p", ctx, torch.from_numpy(CAND.frames).float() / 255, fps=CAND.fps)

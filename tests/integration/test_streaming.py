@@ -93,6 +93,10 @@ def test_group_candidates_over_the_sequence_limit_fail_alone(model, tiny_bundle)
         out = m.score_group("p", ctx, [narrow, CANDS[0]], errors="return")
         assert out[0].num_tokens == short
         assert isinstance(out[1], InputError) and f"max_sequence_tokens={limit}" in str(out[1])
+        # the engine drops the long row when it encodes the group: the short one's inputs are all that is left
+        group = m.engine.prepare_group("p", ctx, [narrow, CANDS[0]])
+        assert group.good == [0] and [int(ids.shape[0]) for ids in group.encoded.ids] == [short]
+        assert "candidate 1" in str(group.slot_error(1))
     finally:
         m.close()
 

@@ -322,3 +322,15 @@ def test_no_import_in_serve_runs_back_up():
     bad = sorted(f"{m} -> {t}" for m, ts in g.items() if m.startswith("nvrm.serve") for t in ts
                  if t.startswith("nvrm.serve") and layer(t) > layer(m))
     assert not bad, f"imports running back up serve/'s layers: {bad}"
+
+
+def test_the_sequence_limit_is_applied_once_where_the_count_is_born():
+    """#55 item 7: only the engine's jobs apply ``check_sequence_tokens`` (an item when it is encoded, a group's rows
+    when they are); nothing downstream checks again."""
+    callers = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "check_sequence_tokens" and isinstance(node.ctx, ast.Load)
+    )
+    assert callers == ["engine/tasks.py", "engine/tasks.py"], callers

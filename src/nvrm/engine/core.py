@@ -27,7 +27,7 @@ from ..video.inputs import PreparedVideo, presample
 from ..limits import Limits
 from .codec import PixelCodec
 from .encode import GroupEncoded, RopeSpec, encode_item
-from .tasks import PreparedItem, encode_video, group_job, item_job, video_job
+from .tasks import PreparedItem, encode_video, group_job, item_job, refuse_long_rows, video_job
 from .workers import WorkerKind, Workers, WorkerSpec, unexpected
 
 
@@ -218,7 +218,8 @@ class Engine:
             if good:
                 try:
                     encoded = self._workers.run_inline(group_job, prompt, ctx, [cands[i] for i in good])
-                    group = PreparedGroup(prompt, ctx, cands, encoded)
+                    kept, refused = refuse_long_rows(self.limits, encoded, good)  # a candidate too long fails alone
+                    group = PreparedGroup(prompt, ctx, tuple(refused.get(i, c) for i, c in enumerate(cands)), kept)
                 except Exception as e:  # noqa: BLE001 - e.g. a bad prompt: every slot reports it
                     group = PreparedGroup(prompt, ctx, cands, None, unexpected(e))
             out.set_result(group)
@@ -226,9 +227,14 @@ class Engine:
             out.set_exception(e)
 
     def encode_group(self, prompt: str, context: PreparedVideo, candidates: Sequence[PreparedVideo]) -> GroupEncoded:
-        """Token ids and positions of a group whose videos are prepared (calling thread)."""
+        """Token ids and positions of a group whose videos are prepared (calling thread); a candidate over the
+        sequence-token limit raises its ``LimitError``."""
         ctx = self.encode(context)
-        return self._workers.run_inline(group_job, prompt, ctx, [self.encode(c) for c in candidates])
+        encoded = self._workers.run_inline(group_job, prompt, ctx, [self.encode(c) for c in candidates])
+        _, refused = refuse_long_rows(self.limits, encoded, range(len(candidates)))
+        if refused:
+            raise refused[min(refused)]
+        return encoded
 
     # ------------------------------------------------------------ lifecycle
 

@@ -1,7 +1,9 @@
 """The engine's jobs: module-level functions ``job(state, *args)`` a worker runs.
 
 A job raises ``NvrmError`` for a bad input; the engine puts it in that
-input's slot.
+input's slot. The sequence-token limit is applied here, where a sequence's
+length is first known (``item_job``, ``refuse_long_rows``), and nowhere
+downstream: what the engine hands on is within it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from ..errors import NvrmError
+from ..limits import Limits
 from ..video.inputs import PreparedVideo, prepare_input
 from .chat import check_prompt, images_kwargs
 from .encode import Encoded, GroupEncoded, encode_group, encode_item
@@ -63,6 +67,7 @@ def item_job(state: WorkerState, prompt: str, context: Any, candidate: Any) -> P
     enc = encode_item(
         state.processor, state.rope, prompt, (ctx.pixels, ctx.grid), (cand.pixels, cand.grid), state.contract, state.codec
     )
+    state.limits.check_sequence_tokens(enc.num_tokens)
     return PreparedItem(ctx, cand, enc, prompt)
 
 
@@ -78,3 +83,18 @@ def group_job(state: WorkerState, prompt: str, context: PreparedVideo, candidate
         state.contract,
         state.codec,
     )
+
+
+def refuse_long_rows(limits: Limits, encoded: GroupEncoded, slots: Sequence[int]) -> tuple[GroupEncoded | None, dict[int, NvrmError]]:
+    """A group's sequences held to the sequence-token limit: (the group without the rows over it, or None when
+    none is left; {slot: its refusal}). Row ``r`` of ``encoded`` is candidate ``slots[r]``; nothing is re-encoded."""
+    refused: dict[int, NvrmError] = {}
+    for ids, slot in zip(encoded.ids, slots):
+        try:
+            limits.check_sequence_tokens(int(ids.shape[0]), f"candidate {slot}")
+        except NvrmError as e:
+            refused[slot] = e
+    if not refused:
+        return encoded, refused
+    rows = [r for r, slot in enumerate(slots) if slot not in refused]
+    return (encoded.select(rows) if rows else None), refused

@@ -205,7 +205,6 @@ class DifferentiableReward(torch.nn.Module):
         model, runtime = self.model, self.model.runtime
         guard = getattr(model, "guard", None)
         tap = runtime.tap() if guard is not None else None
-        model.limits.check_sequence_tokens(max(int(s.shape[0]) for s in enc.ids))
         prefix = self._prefix_of(enc)
         kw = {"device": runtime.device, "vision": runtime.vision, "normalize_hidden": runtime.normalize_hidden}
         for row in prefix.missing(enc):

@@ -203,7 +203,6 @@ def stream_batch(pipe: Pipeline, items: Iterable[ItemLike], *, errors: Errors, e
                 prepared = job.result() if isinstance(job, Future) else job
                 if isinstance(prepared, NvrmError):
                     raise prepared
-                pipe.limits.check_sequence_tokens(prepared.encoded.num_tokens)
             except NvrmError as e:
                 if errors == "raise":
                     for _, f in pending:
@@ -332,18 +331,11 @@ def run_group(pipe: Pipeline, pending: PendingGroup, errors: Errors, exact: bool
 def score_chunk(pipe: Pipeline, group: PreparedGroup, prefix: Prefix | None, exact: bool) -> tuple[list[Any], Prefix | None]:
     """The good candidates of a prepared group scored (reusing ``prefix`` when it matches), the others'
     errors in their slots: (results in candidate order, the prefix used)."""
-    out: list[Any] = [group.slot_error(j) for j in range(len(group.candidates))]
-    rows = []
-    for row, j in enumerate(group.good):
-        try:
-            pipe.limits.check_sequence_tokens(int(group.encoded.ids[row].shape[0]), f"candidate {j}")
-            rows.append(row)
-        except NvrmError as e:
-            out[j] = e
-    if not rows:
+    out: list[Any] = [group.slot_error(j) for j in range(len(group.candidates))]  # a sequence too long is one (engine)
+    slots = group.good
+    if not slots:
         return out, prefix
-    enc = group.encoded if len(rows) == len(group.good) else group.encoded.select(rows)
-    slots = [group.good[r] for r in rows]
+    enc = group.encoded
     tap = pipe.runtime.tap() if pipe.guard is not None else None
     try:
         guarded = {"tap": tap} if tap is not None else {}

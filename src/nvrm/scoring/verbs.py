@@ -40,8 +40,7 @@ class Scoring:
 
     def score(self, prompt: str, context: VideoInput, candidate: VideoInput) -> ScoreResult:
         """Reward for one (prompt, context, candidate)."""
-        prepared = self.prepare(prompt, context, candidate)
-        self.pipeline.limits.check_sequence_tokens(prepared.encoded.num_tokens)
+        prepared = self.prepare(prompt, context, candidate)  # within the sequence limit: the engine refuses it otherwise
         result = self.score_prepared([prepared], exact=True)[0]
         if isinstance(result, NvrmError):  # a non-finite reward: never returned as a result
             raise result

@@ -15,7 +15,6 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wa
 from typing import Any
 
 from ...engine.workers import unexpected
-from ...errors import NvrmError
 from ...forward.batching import plan_batches
 from .contexts import PrefixCache
 from ..metrics import Metrics
@@ -121,24 +120,13 @@ class Execution:
             self._forward([padded[i] for i in rows], exact=False)
 
     def _forward(self, batch: list[Any], exact: bool) -> None:
-        t = time.perf_counter()
-        results: list[Any] = []
-        ok: list[Any] = []
-        for s in batch:  # the sequence limit bounds every forward pass
-            try:
-                self.model.limits.check_sequence_tokens(s.item.encoded.num_tokens)
-                ok.append(s)
-            except NvrmError as e:
-                resolve(s.future, e)
-                self.metrics.items.labels(outcome="error").inc()
-        if not ok:
-            return
+        t = time.perf_counter()  # every item is within the sequence limit: the engine refused longer ones at encoding
         with self.lock:
-            results = self.model.score_prepared_each([s.item for s in ok], exact=exact)
+            results = self.model.score_prepared_each([s.item for s in batch], exact=exact)
         self.metrics.forward.labels(kind="batch").observe(time.perf_counter() - t)
-        self.metrics.batch_size.observe(len(ok))
-        self.metrics.batch_tokens.observe(len(ok) * max(s.item.encoded.num_tokens for s in ok))
-        for s, r in zip(ok, results):
+        self.metrics.batch_size.observe(len(batch))
+        self.metrics.batch_tokens.observe(len(batch) * max(s.item.encoded.num_tokens for s in batch))
+        for s, r in zip(batch, results):
             self.metrics.items.labels(outcome="error" if isinstance(r, Exception) else "ok").inc()
             resolve(s.future, r)
 
