@@ -47,6 +47,9 @@ def test_detection_overoptimisation_and_cost_on_a_small_run(guarded, tmp_path):
     assert curves[1.0][0]["objective"] == pytest.approx(curves[1.0][0]["proxy"] - curves[1.0][0]["uncertainty"], abs=1e-4)
     cost = hacking.run_guard_cost(guarded, 3, 2)
     assert set(cost["median_s"]) == {"with guard", "without"} and guarded.guard is not None
+    ratios = sorted(w / o for w, o in zip(cost["times"]["with guard"], cost["times"]["without"]))
+    assert cost["paired_overhead"] == pytest.approx((ratios[0] + ratios[1]) / 2 - 1.0)  # the pairs' own ratios, median of 2
+    assert 0 < cost["guard_work_s"] < cost["median_s"]["with guard"]  # timed in the guarded calls only
     report = {"bundle": "tiny", "cost": cost, "detection": det, "overoptimisation": over}
     text = hacking.format_hacking(report)
     assert "AUROC" in text and "over-optimisation" in text and "guard cost" in text

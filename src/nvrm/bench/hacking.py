@@ -316,8 +316,9 @@ def _resized(frames: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
 def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[int, int] | None = None) -> dict[str, Any]:
     """``score_group`` of one synthetic example's ``group`` candidates with the model's guard and without it, alternated
     ``repeats`` times in one run, which of the two goes first alternating too (the same inputs, prepared once): the
-    guard's share of the call. ``size``: the frames resized to (height, width), as a policy's frames would be (the
-    default: the task's own small frames)."""
+    guard's share of the call, as the ratio of the two sides' medians (``overhead``) and as the median of each pair's own
+    ratio (``paired_overhead``: the steadier one on a shared machine, since a pair's two calls meet the same load).
+    ``size``: the frames resized to (height, width), as a policy's frames would be (the default: the task's own small frames)."""
     from ..prefs.synthetic import DEGRADED, PHYSICS, make_example
 
     ex = make_example(seed)
@@ -339,8 +340,25 @@ def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[i
         model.guard = guard
     med = {k: float(np.median(v)) for k, v in times.items()}
     frames = tuple(int(x) for x in _resized(ex["context"][:1], size).shape[1:3])
+    paired = float(np.median(np.asarray(times["with guard"]) / np.asarray(times["without"]))) - 1.0
     return {"group": group, "repeats": repeats, "frame_size": frames, "device": str(model.device), "median_s": med,
-            "overhead": med["with guard"] / med["without"] - 1.0, "times": times}
+            "overhead": med["with guard"] / med["without"] - 1.0, "paired_overhead": paired,
+            "guard_work_s": _guard_work(model, ctx, cands, repeats) if guard is not None else None, "times": times}
+
+
+def _guard_work(model, ctx, cands, repeats: int) -> float:
+    """Median seconds of the guard's own work after a group's forward (the frames' statistics, the readout, the
+    densities: what ``score_group`` adds once the rewards are known), timed alone on one forward's tap."""
+    group = model.engine.prepare_group(PROMPT, ctx, cands)
+    tap = model.runtime.tap()
+    rewards, _ = model.runtime.group(group.encoded, None, tap=tap)
+    videos = [(group.candidates[j], group.context) for j in group.good]
+    out = []
+    for _ in range(max(repeats, 1)):
+        t = time.perf_counter()
+        model.pipeline.uncertainties(tap, rewards, videos)
+        out.append(time.perf_counter() - t)
+    return float(np.median(out))
 
 
 def standin_guard(bundle: str | Path, folder: str | Path, device: str = "cpu", examples: int = 6) -> Path:
@@ -423,7 +441,11 @@ def format_hacking(report: dict[str, Any]) -> str:
     if cost:
         m = cost["median_s"]
         lines.append(f"guard cost: score_group of {cost['group']} prepared candidates {m['without'] * 1000:.1f} ms without, "
-                     f"{m['with guard'] * 1000:.1f} ms with the guard: {cost['overhead']:+.1%} (median of {cost['repeats']}, alternated)")
+                     f"{m['with guard'] * 1000:.1f} ms with the guard: {cost['overhead']:+.1%} (median of {cost['repeats']}, alternated)"
+                     + (f"; the median of the pairs' own ratios: {cost['paired_overhead']:+.1%}" if "paired_overhead" in cost else ""))
+        if cost.get("guard_work_s") is not None:
+            lines.append(f"the guard's own work after the forward: {cost['guard_work_s'] * 1000:.2f} ms a call "
+                         f"({cost['guard_work_s'] / m['without']:.1%} of the unguarded call)")
     det = report.get("detection")
     if det:
         s = det["summary"]
