@@ -1,12 +1,13 @@
 """Fit the embedded demo model's guard and (with --install) put it beside the demo bundle's files.
 
-    .venv/bin/python scripts/fit_demo_guard.py [--work DIR] [--install]
+    .venv/bin/python scripts/fit_demo_guard.py [--work DIR] [--adaptive-rounds N] [--install]
 
 1. writes the synthetic task at a seed the demo model never trained on (``nvrm prefs synth --seed 1``);
    half of its examples' clips are also written as ``.npy`` sampled frames, the raw frames a policy hands
    in (the rest stay H.264), and those examples' pairs name the ``.npy`` files: the guard then knows
    genuine candidates both ways, and an encoding cannot tell it hacked from genuine;
-2. ``nvrm guard fit`` on a copy of the demo bundle (the attacks, one adaptive round, a held-out check);
+2. ``nvrm guard fit`` on a copy of the demo bundle, without its shipped guard (the attacks, ``--adaptive-rounds``
+   rounds, one by default as shipped, a held-out check);
 3. with ``--install``, copies ``nvrm_guard.safetensors`` into ``src/nvrm/assets/demo-bundle`` and lists it in
    that bundle's manifest. The demo model's own files are not touched.
 
@@ -28,7 +29,7 @@ import numpy as np
 from nvrm.cli.main import main as nvrm
 
 TASK = dict(examples=24, seed=1)
-FIT = ["--attacks", "96", "--adaptive-rounds", "1", "--holdout", "0.2", "--seed", "0"]
+FIT = ["--attacks", "96", "--holdout", "0.2", "--seed", "0"]
 ASSET = Path(__file__).resolve().parents[1] / "src" / "nvrm" / "assets" / "demo-bundle"
 
 
@@ -60,10 +61,25 @@ def with_sampled_files(pairs: Path, out: Path) -> int:
     return len(done)
 
 
+def drop_guard(bundle: Path) -> None:
+    """The copied bundle without the shipped guard: its file and its manifest entry (the fit writes and lists its own)."""
+    (bundle / "nvrm_guard.safetensors").unlink(missing_ok=True)
+    manifest = bundle / "RELEASE_MANIFEST.json"
+    if manifest.is_file():
+        data = json.loads(manifest.read_text())
+        files = data.get("files")
+        if isinstance(files, dict):
+            files.pop("nvrm_guard.safetensors", None)
+        elif isinstance(files, list):
+            data["files"] = [f for f in files if not (isinstance(f, dict) and f.get("path") == "nvrm_guard.safetensors")]
+        manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
 def run() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", help="working folder (default: a temporary one)")
     ap.add_argument("--install", action="store_true", help="copy the guard into the package's demo bundle")
+    ap.add_argument("--adaptive-rounds", type=int, default=1, help="rounds of attackers ascending the conservative reward of the guard so far")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="nvrm-demo-guard."))
     t0 = time.perf_counter()
@@ -73,8 +89,9 @@ def run() -> int:
     bundle = work / "demo-bundle"
     shutil.rmtree(bundle, ignore_errors=True)
     shutil.copytree(ASSET, bundle)
-    (bundle / "nvrm_guard.safetensors").unlink(missing_ok=True)
-    rc = nvrm(["guard", "fit", "--model", str(bundle), "--pairs", str(work / "task/guard_pairs.jsonl"), *FIT, "--json"])
+    drop_guard(bundle)
+    fit = [*FIT, "--adaptive-rounds", str(args.adaptive_rounds), "--json"]
+    rc = nvrm(["guard", "fit", "--model", str(bundle), "--pairs", str(work / "task/guard_pairs.jsonl"), *fit])
     print(f"wall time (task + fit): {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if rc == 0 and args.install:
         from nvrm.guard import load_guard, write_bundle_guard

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 from nvrm import Clip, RewardModel
 from nvrm.errors import BundleError, ConfigError, IntegrityError
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "A square glides across a tiled floor at constant speed."
 
 
@@ -120,3 +122,24 @@ def test_an_opt_in_contract_scores_without_the_bundles_guard_and_says_so(guarded
         assert r.uncertainty is None and np.isfinite(r.reward)
         with pytest.raises(ConfigError, match="has no guard"):
             relaxed.differentiable(conservative=1.0)
+
+
+def test_the_demo_guard_script_refits_from_a_copy_without_the_shipped_guard(guarded, tmp_path):
+    """scripts/fit_demo_guard.py's copy drops the shipped guard's file and its manifest entry, so the copy verifies and
+    loads without a guard (before, the copy kept the entry and ``nvrm guard fit`` refused it as damaged)."""
+    import importlib.util
+
+    from nvrm.bundle import verify_bundle
+
+    spec = importlib.util.spec_from_file_location("fit_demo_guard", ROOT / "scripts" / "fit_demo_guard.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    copy = tmp_path / "copy"
+    shutil.copytree(guarded[1], copy)
+    assert "nvrm_guard.safetensors" in (copy / "RELEASE_MANIFEST.json").read_text()
+    script.drop_guard(copy)
+    assert not (copy / "nvrm_guard.safetensors").exists()
+    assert "nvrm_guard.safetensors" not in (copy / "RELEASE_MANIFEST.json").read_text()
+    assert verify_bundle(copy).files_checked > 0  # raises IntegrityError on a listed file that is missing
+    with RewardModel.from_pretrained(copy, device="cpu") as m:
+        assert m.guard is None
