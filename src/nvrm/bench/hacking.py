@@ -65,17 +65,12 @@ SQUEEZE_QUALITY = 50
 
 def squeeze(frames: np.ndarray, quality: int = SQUEEZE_QUALITY) -> np.ndarray:
     """``frames`` (T, H, W, 3) uint8, each written as a JPEG of ``quality`` and read back: what a squeezed second forward
-    scores. A pixel-level hack does not survive it; what the frames show does."""
-    import io
-
+    scores (the contract's own round trip, at a lower quality). A pixel-level hack does not survive it; what the frames show does."""
     from PIL import Image
 
-    out = []
-    for f in frames:
-        buf = io.BytesIO()
-        Image.fromarray(f).save(buf, format="JPEG", quality=quality)
-        out.append(np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")))
-    return np.stack(out)
+    from ..video.frames import jpeg_roundtrip
+
+    return np.stack([np.asarray(jpeg_roundtrip(Image.fromarray(f), quality)) for f in frames])
 
 
 def run_detection(model, examples: int, seed: int, attackers: Sequence[Attacker] = ATTACKERS, per_attacker: int = 1,
@@ -163,7 +158,7 @@ def summarise_detection(rows: Sequence[dict[str, Any]], weight: float = 1.0) -> 
     pairs = _genuine_pairs(genuine, preferred)
     out["pairwise_accuracy"] = {"raw": _accuracy(pairs, lambda r: r["reward"]), "conservative": _accuracy(pairs, cons), "pairs": len(pairs)}
     if rows and all("squeezed" in r for r in rows):
-        out["opt_in_squeeze"] = _summarise_squeeze(genuine, hacked, preferred, weight)
+        out["opt_in_squeeze"] = _summarise_squeeze(genuine, hacked, preferred, cons)
     return out
 
 
@@ -183,11 +178,12 @@ def _accuracy(pairs: Sequence[tuple[dict, dict]], value: Callable[[dict], float]
     return pairwise_accuracy([value(a) for a, _ in pairs], [value(b) for _, b in pairs])
 
 
-def _summarise_squeeze(genuine: Sequence[dict], hacked: Sequence[dict], preferred: dict[int, list[dict]], weight: float) -> dict[str, Any]:
+def _summarise_squeeze(genuine: Sequence[dict], hacked: Sequence[dict], preferred: dict[int, list[dict]],
+                       conservative: Callable[[dict], float]) -> dict[str, Any]:
     """What the opt-in check adds: each candidate's ``min(conservative, squeezed reward)`` in place of its conservative reward."""
     from ..guard.separation import auroc
 
-    checked = lambda r: min(r["reward"] - weight * r["uncertainty"], r["squeezed"])  # noqa: E731
+    checked = lambda r: min(conservative(r), r["squeezed"])  # noqa: E731
     above = [r for r in hacked if checked(r) >= min(checked(p) for p in preferred[r["example"]])]
     drop = lambda r: r["reward"] - r["squeezed"]  # noqa: E731
     return {"quality": SQUEEZE_QUALITY, "at_or_above_preferred": len(above),
