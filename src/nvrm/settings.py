@@ -60,6 +60,11 @@ class LoadSettings:
         metadata=_help("with --vllm-url: the longest wait for the vLLM server's answer to one request; past it that request's "
                        "items get 503 backend_unavailable, and the service's other requests are not held behind it"),
     )
+    members: bool = field(
+        default=False,
+        metadata=_help("also run the bundle's members (nvrm_members/, the guard's opt-in check): each item's uncertainty becomes the larger of "
+                       "the guard's and what the members put in doubt; one more forward per member and item"),
+    )
     limits: Limits = field(default_factory=Limits, metadata=_help("bounds checked before any work", cli=False))
 
     def __post_init__(self) -> None:

@@ -337,7 +337,7 @@ def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[i
     med = {k: float(np.median(v)) for k, v in times.items()}
     frames = tuple(int(x) for x in _resized(ex["context"][:1], size).shape[1:3])
     paired = float(np.median(np.asarray(times["with guard"]) / np.asarray(times["without"]))) - 1.0
-    return {"group": group, "repeats": repeats, "frame_size": frames, "device": str(model.device), "median_s": med,
+    return {"group": group, "repeats": repeats, "frame_size": frames, "device": str(model.device), "members": len(model.members), "median_s": med,
             "overhead": med["with guard"] / med["without"] - 1.0, "paired_overhead": paired,
             "guard_work_s": _guard_work(model, ctx, cands, repeats) if guard is not None else None, "times": times}
 
@@ -418,12 +418,15 @@ def run_guard_cost_on_arch(arch: str, group: int, repeats: int, size: tuple[int,
 
 def run_hacking(bundle: str, *, examples: int = 12, seed: int = 3_000_000, per_attacker: int = 1, attackers: Sequence[Attacker] = ATTACKERS,
                 over_seeds: Sequence[int] = (4_000_000, 4_000_001, 4_000_002), over_steps: int = 40, cost_group: int = 8, cost_repeats: int = 10,
-                say: Callable[[str], None] = lambda _: None, squeezed: bool = False) -> dict[str, Any]:
-    """The three parts on ``bundle`` (which must have a guard): detection, over-optimisation, and the guard's cost."""
+                say: Callable[[str], None] = lambda _: None, squeezed: bool = False, members: bool = False) -> dict[str, Any]:
+    """The three parts on ``bundle`` (which must have a guard): detection, over-optimisation, and the guard's cost. ``members``:
+    with the bundle's members loaded (the opt-in check), so every uncertainty, every attacker that ascends the conservative
+    reward, the conservative optimisation and the cost's guarded side include them."""
     from ..scoring.reward_model import RewardModel
 
-    with RewardModel.from_pretrained(bundle, device="cpu") as model:
-        report: dict[str, Any] = {"bundle": str(bundle), "guard": model.guard.summary() if model.guard is not None else None}
+    with RewardModel.from_pretrained(bundle, device="cpu", members=members) as model:
+        report: dict[str, Any] = {"bundle": str(bundle), "guard": model.guard.summary() if model.guard is not None else None,
+                                  "members": [{"name": m.name, "scale": m.scale, "shift": m.shift, "margin": m.margin} for m in model.members]}
         report["cost"] = run_guard_cost(model, cost_group, cost_repeats) if cost_repeats else None
         report["detection"] = run_detection(model, examples, seed, attackers, per_attacker, say, squeezed=squeezed) if examples else None
         report["overoptimisation"] = run_overoptimisation(model, over_seeds, over_steps, say=say) if over_steps else None
@@ -433,6 +436,9 @@ def run_hacking(bundle: str, *, examples: int = 12, seed: int = 3_000_000, per_a
 def format_hacking(report: dict[str, Any]) -> str:
     """The report as text: detection per attacker, the conservative reward's hold, accuracy, curves' ends, the cost."""
     lines = [f"bundle {report['bundle']}"]
+    if report.get("members"):
+        names = ", ".join(m["name"] for m in report["members"])
+        lines.append(f"with the opt-in check: member(s) {names} (every uncertainty, attacker and cost below includes them)")
     cost = report.get("cost")
     if cost:
         m = cost["median_s"]
@@ -485,7 +491,7 @@ def plot_hacking(report: dict[str, Any], folder: str) -> list[str]:
             if not curves:
                 continue
             steps = [p["step"] for p in curves[0]]
-            label = "raw reward" if weight is None else f"conservative (λ={weight:g})"
+            label = "raw reward" if weight is None else f"conservative (λ={weight:g}{', with members' if report.get('members') else ''})"
             ax_gold.plot(steps, np.mean([[p["gold"] for p in c] for c in curves], 0), color=style, label=label)
             ax_proxy.plot(steps, np.mean([[p["proxy"] for p in c] for c in curves], 0), color=style, label=f"{label}: raw reward")
             if weight is not None:

@@ -61,6 +61,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     hk.add_argument("--over-seeds", type=_ints, default=(4_000_000, 4_000_001, 4_000_002), help="start examples of the over-optimisation runs")
     hk.add_argument("--cost-repeats", type=int, default=10, help="alternated score_group calls with and without the guard (0: skip)")
     hk.add_argument("--plots", metavar="DIR", help="write the figures (PNG) here")
+    hk.add_argument("--members", action="store_true", help="load the bundle's members too (the guard's opt-in check, nvrm guard member): "
+                    "detection, over-optimisation and cost then include them")
     hk.add_argument("--squeeze", action="store_true", help="detection: also score every candidate JPEG-squeezed (the opt-in second "
                     "forward) and report what min(conservative, squeezed reward) adds")
     hk.add_argument("--cost-arch", choices=["tiny", "deep", "mid", "4b"], help="measure only the guard's cost, on a random bundle of this "
@@ -141,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             report = hacking.run_hacking(args.model or str(ensure_demo_bundle()), examples=args.hack_examples, seed=args.hack_seed,
                                          over_seeds=args.over_seeds, over_steps=args.over_steps, cost_repeats=args.cost_repeats,
-                                         say=lambda m: print(f"nvrm bench: {m}", file=sys.stderr), squeezed=args.squeeze)
+                                         say=lambda m: print(f"nvrm bench: {m}", file=sys.stderr), squeezed=args.squeeze,
+                                         members=args.members)
         if args.plots:
             report["plots"] = hacking.plot_hacking(report, args.plots)
         text = hacking.format_hacking(report)

@@ -4,9 +4,11 @@
   ``reward - λ * uncertainty`` is the conservative reward;
 - ``nvrm.train.fit_guard`` fits one for a bundle from preference pairs (training: it attacks the model); ``write_bundle_guard``
   stores it beside the release's files as ``nvrm_guard.safetensors`` (listed in the manifest), where ``RewardModel`` finds it;
+- members (``members.py``): the opt-in check, other reward models stored in the bundle (``nvrm guard member``) and run on every
+  item when a model is loaded with ``members=True``; the uncertainty is then the larger of the guard's and the members' doubt;
 - ``Monitor`` (``monitor.py``): rolling statistics of scored items and whether they look like reward hacking.
 
-Only ``trust``, ``reading`` and ``stats`` run while scoring; nothing here imports the server or a trainer.
+Only ``trust``, ``reading``, ``stats`` and ``members`` run while scoring; nothing here imports the server or a trainer.
 """
 
 from __future__ import annotations

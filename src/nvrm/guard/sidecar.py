@@ -52,13 +52,15 @@ def write_bundle_guard(bundle: str | Path, guard: Guard) -> Path:
     for name in MANIFEST_NAMES:
         manifest = bundle / name
         if manifest.is_file():
-            _list_in_manifest(manifest, target)
+            list_in_manifest(manifest, target)
             break
     return target
 
 
-def _list_in_manifest(manifest: Path, file: Path) -> None:
-    """Add (or update) ``file``'s entry in a manifest of either form, keeping every other entry and field."""
+def list_in_manifest(manifest: Path, file: Path, root: Path | None = None) -> None:
+    """Add (or update) ``file``'s entry in a manifest of either form, keeping every other entry and field (its path relative to
+    ``root``, the bundle; default: its name)."""
+    name = file.relative_to(root).as_posix() if root is not None else file.name
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -66,11 +68,11 @@ def _list_in_manifest(manifest: Path, file: Path) -> None:
     entry = {"sha256": sha256_file(file), "size": file.stat().st_size}
     files = data.get("files") if isinstance(data, dict) else None
     if isinstance(files, dict):
-        files[file.name] = entry
+        files[name] = entry
     elif isinstance(files, list):
-        data["files"] = [f for f in files if not (isinstance(f, dict) and f.get("path") == file.name)] + [{"path": file.name, **entry}]
+        data["files"] = [f for f in files if not (isinstance(f, dict) and f.get("path") == name)] + [{"path": name, **entry}]
     else:
-        raise BundleError(f"{manifest}: has no 'files' object or list; the guard was written but is not listed")
+        raise BundleError(f"{manifest}: has no 'files' object or list; the file was written but is not listed")
     tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, manifest)

@@ -127,7 +127,8 @@ class DifferentiableReward(torch.nn.Module):
     def _freeze(self, first: bool = False) -> None:
         """The weights are constants here: no gradient, never modified (again at every call, should a caller
         have switched ``requires_grad`` on since)."""
-        thawed = [p for p in list(self.model.backbone.parameters()) + list(self.model.head.parameters()) if p.requires_grad]
+        runtimes = [self.model.runtime, *(m.runtime for m in getattr(self.model, "members", ()))]
+        thawed = [p for rt in runtimes for p in list(rt.backbone.parameters()) + list(rt.head.parameters()) if p.requires_grad]
         if thawed and not first and "frozen" not in self._reported:
             self._reported.add("frozen")
             log.warning("the differentiable reward switched requires_grad off again on %d reward-model parameters: its weights get no gradient", len(thawed))
@@ -162,12 +163,12 @@ class DifferentiableReward(torch.nn.Module):
         self._contexts.move_to_end(key)
         return held[1]
 
-    def _prefix_of(self, enc: Any) -> Prefix:
-        key = (tuple(enc.ids[0][: enc.prefix_len].tolist()),)
+    def _prefix_of(self, enc: Any, member: str | None = None) -> Prefix:
+        key = (tuple(enc.ids[0][: enc.prefix_len].tolist()), member)
         prefix = self._prefixes.get(key)
         if prefix is None or not prefix.matches(enc):
             prefix = self._prefixes[key] = Prefix.of(enc)
-            while len(self._prefixes) > self.KEEP:
+            while len(self._prefixes) > self.KEEP * (1 + len(getattr(self.model, "members", ()))):
                 self._prefixes.popitem(last=False)
         self._prefixes.move_to_end(key)
         return prefix
@@ -202,25 +203,10 @@ class DifferentiableReward(torch.nn.Module):
         differentiable part: pixel values -> reward), conservative ones when asked. The prefix is prefilled once,
         without gradient. ``patches``: the candidates' 0..255 patches with their graph, which the guard's frame
         statistics read (default: the engine's, without gradient)."""
-        model, runtime = self.model, self.model.runtime
+        model = self.model
         guard = getattr(model, "guard", None)
-        tap = runtime.tap() if guard is not None else None
-        prefix = self._prefix_of(enc)
-        kw = {"device": runtime.device, "vision": runtime.vision, "normalize_hidden": runtime.normalize_hidden}
-        for row in prefix.missing(enc):
-            prefill(runtime.backbone, runtime.head, prefix, enc, row, **kw)
-        by_length: dict[int, list[int]] = {}
-        for g, ids in enumerate(enc.ids):
-            by_length.setdefault(int(ids.shape[0]), []).append(g)
-        out: list[Any] = [None] * len(enc.ids)
-        for rows in by_length.values():
-            part = suffix_rewards(
-                runtime.backbone, runtime.head, prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing,
-                tap=tap.view(rows) if tap is not None else None, **kw
-            )
-            for g, r in zip(rows, part):
-                out[g] = r
-        rewards = torch.stack(out)
+        tap = model.runtime.tap() if guard is not None else None
+        rewards = self._rewards(model.runtime, None, enc, pixel_values, tap)
         bad = [g for g, ok in enumerate(torch.isfinite(rewards.detach()).tolist()) if not ok]
         if bad:  # never a non-finite number passed on as a reward
             from ..errors import ModelError
@@ -236,4 +222,29 @@ class DifferentiableReward(torch.nn.Module):
         reading = read([tap.frames[g] for g in range(G)], [tap.last[g] for g in range(G)], rewards, cands,
                        [(enc.context_pixels, enc.context_grid)] * G, model.engine.codec.patch_size)
         self.uncertainty = guard.uncertainty(reading)
+        members = getattr(model, "members", ())
+        if members:  # the opt-in check: each member's reward of the same pixel values, with its graph (nvrm.guard.members)
+            from ..guard.members import doubt
+
+            calibrated = torch.stack([m.bar(self._rewards(m.runtime, m.name, enc, pixel_values, None)) for m in members])
+            self.uncertainty = doubt(self.uncertainty, rewards, calibrated.to(rewards.dtype))
         return rewards if self.conservative is None else rewards - self.conservative * self.uncertainty
+
+    def _rewards(self, runtime: Any, member: str | None, enc: Any, pixel_values: list[torch.Tensor], tap: Any) -> torch.Tensor:
+        """Rewards [G] of ``runtime``'s backbone and head (the bundle's, or member ``member``'s) against their own prefilled prefix."""
+        prefix = self._prefix_of(enc, member)
+        kw = {"device": runtime.device, "vision": runtime.vision, "normalize_hidden": runtime.normalize_hidden}
+        for row in prefix.missing(enc):
+            prefill(runtime.backbone, runtime.head, prefix, enc, row, **kw)
+        by_length: dict[int, list[int]] = {}
+        for g, ids in enumerate(enc.ids):
+            by_length.setdefault(int(ids.shape[0]), []).append(g)
+        out: list[Any] = [None] * len(enc.ids)
+        for rows in by_length.values():
+            part = suffix_rewards(
+                runtime.backbone, runtime.head, prefix, enc.select(rows), [pixel_values[g] for g in rows], checkpoint=self.checkpointing,
+                tap=tap.view(rows) if tap is not None else None, **kw
+            )
+            for g, r in zip(rows, part):
+                out[g] = r
+        return torch.stack(out)

@@ -141,8 +141,10 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     own = Contract.for_bundle(path)
     guard = read_bundle_guard(path, preprocessing_fingerprint(path, contract), dev,
                               own_preprocessing=None if contract == own else preprocessing_fingerprint(path, own))
+    members = _load_members(path, config, settings, dev, attn, guard, contract, preprocessing_fingerprint(path, contract)) if settings.members else ()
     return {
         "guard": guard,
+        "members": members,
         "backbone": backbone,
         "head": head,
         "processor": processor,
@@ -152,3 +154,27 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
         "path": path,
         "settings": settings,
     }
+
+
+def _load_members(path, config, settings: LoadSettings, dev, attn: str, guard, contract: Contract, preprocessing: str) -> tuple:
+    """``(name, backbone, head, calibration)`` of every member in ``path/nvrm_members`` (``members=True``), each checked
+    against the bundle's weights, preprocessing and architecture; a bundle without a guard or without members is refused."""
+    from ..bundle import weights_fingerprint
+    from ..guard.members import MEMBERS_DIR, bundle_config, check_member, member_folders
+
+    if guard is None:
+        raise ConfigError(f"members=True: {path} has no guard under this contract; members are the guard's opt-in check (fit one with nvrm guard fit)")
+    folders = member_folders(path)
+    if not folders:
+        raise ConfigError(f"members=True: {path} has no members ({MEMBERS_DIR}/NAME); add one with nvrm guard member, or drop --members")
+    weights, own = weights_fingerprint(path), bundle_config(path)
+    out = []
+    for folder in folders:
+        cal = check_member(folder, model=weights, preprocessing=preprocessing, config=own)
+        backbone = load_backbone(folder, config, DTYPES[settings.dtype], attn)
+        weight, bias = load_head(folder, config.text_config.hidden_size)
+        head = RewardHead(weight, bias, DTYPES[head_dtype_for(contract, settings.dtype)])
+        backbone.to(dev)
+        head.to(dev)
+        out.append((folder.name, backbone, head, cal))
+    return tuple(out)

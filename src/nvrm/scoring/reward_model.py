@@ -42,6 +42,8 @@ def load_backend(backend: str, path_or_repo: Any, settings: LoadSettings, contra
 
     if backend != "vllm":
         raise ConfigError(f"backend={backend!r} must be one of {', '.join(BACKENDS)}")
+    if settings.members:
+        raise ConfigError("members=True: the vLLM backend reads no hidden state, so it has no guard and no members; use backend='nvrm'")
     from .vllm_model import VllmRewardModel
 
     return VllmRewardModel.load(path_or_repo, settings, contract, url=vllm_url)
@@ -65,6 +67,7 @@ class RewardModel(Scoring):
         settings: LoadSettings | None = None,
         engine: Engine | None = None,
         guard: Guard | None = None,
+        members: Sequence[tuple[str, Any, RewardHead, Any]] = (),
     ):
         from ..bundle import preprocessing_fingerprint
 
@@ -97,7 +100,15 @@ class RewardModel(Scoring):
         """Fingerprint of the preprocessing: the contract plus the bundle's processor, tokenizer and
         template files. Every result records it (``ScoreResult.contract``); rewards are comparable
         only when it agrees."""
-        self.pipeline = Pipeline(self.engine, self.runtime, ResultMaker(self.fingerprint, revision, contract), self.settings, guard)
+        from ..guard.members import Member
+
+        rt = self.runtime
+        runtimes = tuple(
+            Member(name, ForwardRuntime(b, h, device=device, codec=self.engine.codec, pad_id=rt.pad_id, max_batch_tokens=rt.max_batch_tokens,
+                                        normalize_hidden=contract.normalize_hidden), cal.scale, cal.shift, cal.margin)
+            for name, b, h, cal in members
+        )
+        self.pipeline = Pipeline(self.engine, self.runtime, ResultMaker(self.fingerprint, revision, contract), self.settings, guard, members=runtimes)
         """What every scoring path runs on (``nvrm.scoring.streaming``)."""
 
     @property
@@ -124,6 +135,11 @@ class RewardModel(Scoring):
         monitor = Monitor.for_guard(self.guard, settings)
         self.pipeline = dataclasses.replace(self.pipeline, monitor=monitor)
         return monitor
+
+    @property
+    def members(self) -> tuple:
+        """The members loaded with ``members=True`` (``nvrm.guard.members``): the guard's opt-in check; empty otherwise."""
+        return self.pipeline.members
 
     @property
     def monitor(self) -> Any:

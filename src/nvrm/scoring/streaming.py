@@ -19,7 +19,7 @@ import logging
 import math
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from dataclasses import dataclass
 
@@ -31,6 +31,7 @@ from ..forward.prefix import Prefix
 from ..forward.readout import Tap
 from ..forward.runtime import ForwardRuntime
 from ..guard.trust import Guard
+from ..guard.members import Member
 from ..guard.monitor import Monitor
 from ..guard.reading import read
 from ..guard.stats import STATS
@@ -98,6 +99,8 @@ class Pipeline:
     """The bundle's guard: every result then carries an uncertainty, read from its own forward (``nvrm.guard``)."""
     monitor: Monitor | None = None
     """Rolling statistics of every item scored (``RewardModel.watch``; the service's per-model monitor)."""
+    members: tuple[Member, ...] = ()
+    """The guard's opt-in check (``members=True`` at load): models that truly differ, each run on every item (``nvrm.guard.members``)."""
 
     def observe(self, results: Sequence[Any]) -> list[Any]:
         """``results``, after the monitor (if any) has seen them."""
@@ -116,13 +119,17 @@ class Pipeline:
         exact = self.settings.exact if exact is None else exact
         tap = self.runtime.tap() if self.guard is not None else None
         rewards = self.runtime.batched([p.encoded for p in prepared], exact=exact, **({"tap": tap} if tap is not None else {}))
-        doubts, stats = self.uncertainties(tap, rewards, [(p.candidate, p.context) for p in prepared])
+        doubts, stats = self.uncertainties(tap, rewards, [(p.candidate, p.context) for p in prepared],
+                                           lambda m: m.runtime.batched([p.encoded for p in prepared], exact=False))
         return self.observe([self.results(p.context, p.candidate, p.encoded.num_tokens, r, u, st)
                              for p, r, u, st in zip(prepared, rewards, doubts, stats)])
 
-    def uncertainties(self, tap: Tap | None, rewards: Sequence[Any], videos: Sequence[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    def uncertainties(self, tap: Tap | None, rewards: Sequence[Any], videos: Sequence[tuple[Any, Any]],
+                      members: Callable[[Member], Sequence[float]] | None = None) -> tuple[list[Any], list[Any]]:
         """The guard's uncertainty and the frame statistics of each row a ``tap`` saw (``videos[i]``: row i's (candidate, context),
-        each with ``pixels`` and ``grid``); Nones without a guard, or for a row whose reward is not a number."""
+        each with ``pixels`` and ``grid``); Nones without a guard, or for a row whose reward is not a number. With members
+        loaded, ``members(member)`` runs one member on the same rows (its raw rewards, in row order), and each uncertainty
+        is the larger of the guard's and the members' (``nvrm.guard.members``)."""
         out: list[float | None] = [None] * len(videos)
         stats: list[dict[str, float] | None] = [None] * len(videos)
         if tap is None or self.guard is None or not videos:
@@ -136,10 +143,29 @@ class Pipeline:
                 [(videos[i][0].pixels, videos[i][0].grid) for i in rows], [(videos[i][1].pixels, videos[i][1].grid) for i in rows],
                 self.engine.codec.patch_size if self.engine.codec is not None else 16,
             )
-            for i, u, st in zip(rows, self.guard.uncertainty(reading).cpu().tolist(), reading.stats.cpu().tolist()):
+            doubt = self.guard.uncertainty(reading)
+            if self.members and members is not None:
+                doubt = self.member_doubt(doubt, reading.reward, rows, members)
+            for i, u, st in zip(rows, doubt.cpu().tolist(), reading.stats.cpu().tolist()):
                 out[i] = float(u)
                 stats[i] = dict(zip(STATS, st))
         return out, stats
+
+    def member_doubt(self, doubt: Any, reward: Any, rows: Sequence[int], members: Callable[[Member], Sequence[float]]) -> Any:
+        """``doubt`` [R] raised to what the members put in doubt of ``reward`` [R] (rows ``rows`` of what ``members`` scores)."""
+        import torch
+
+        from ..guard.members import doubt as combine
+
+        calibrated = []
+        for m in self.members:
+            got = [float(v) for v in members(m)]
+            mine = [got[i] for i in rows]
+            if not all(math.isfinite(v) for v in mine):
+                raise ModelError(f"member {m.name} returned a non-finite reward; its weights are broken (check the bundle with nvrm verify)")
+            calibrated.append([m.bar(v) for v in mine])
+        table = torch.tensor(calibrated, dtype=doubt.dtype, device=doubt.device)
+        return combine(doubt, reward.to(doubt.device, doubt.dtype), table)
 
 
 class PendingGroup:
@@ -345,7 +371,8 @@ def score_chunk(pipe: Pipeline, group: PreparedGroup, prefix: Prefix | None, exa
             rewards, prefix = pipe.runtime.group(enc, prefix, **guarded)
     except NvrmError as e:
         rewards = [e] * len(slots)
-    doubts, stats = pipe.uncertainties(tap, rewards, [(group.candidates[j], group.context) for j in slots])
+    doubts, stats = pipe.uncertainties(tap, rewards, [(group.candidates[j], group.context) for j in slots],
+                                       lambda m: m.runtime.group(enc, None)[0])
     for row, (j, reward) in enumerate(zip(slots, rewards)):
         if isinstance(reward, NvrmError):
             out[j] = reward
