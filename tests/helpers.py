@@ -250,3 +250,48 @@ def guarded_copy(bundle, folder):
     from nvrm.bench.hacking import standin_guard
 
     return standin_guard(bundle, folder)
+
+
+def member_of(bundle, folder, seed: int):
+    """Another model of ``bundle``'s architecture and preprocessing, written to ``folder``: its head moved at random (a
+    stand-in for one trained from another seed), so its rewards differ but still rise with the bundle's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from nvrm.bundle import write_manifest
+
+    shutil.copytree(bundle, folder)
+    (folder / "nvrm_guard.safetensors").unlink(missing_ok=True)
+    head = load_file(folder / "nvrm_head.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    w = head["rm_head.weight"]
+    head["rm_head.weight"] = w + 0.5 * w.abs().mean() * torch.randn(w.shape, generator=g).to(w.dtype)
+    save_file(head, folder / "nvrm_head.safetensors")
+    manifest = folder / "RELEASE_MANIFEST.json"
+    if manifest.exists():
+        manifest.unlink()
+    write_manifest(folder, revision=f"member-{seed}")
+    return folder
+
+
+def doubting_member(folder, member_folder, pairs):
+    """A member of ``folder`` (a guarded bundle) added by ``add_member`` on ``pairs``, its calibration's shift then lowered so
+    that its bar (``scale * r + shift + margin``) lies 4 below the line: it doubts every candidate, so a test sees the doubt
+    it adds. Returns (the member's own bundle, the lowered ``Calibration``)."""
+    import dataclasses
+
+    from nvrm import RewardModel
+    from nvrm.guard.members import MEMBER_FILE, Calibration
+    from nvrm.guard.sidecar import list_in_manifest
+    from nvrm.train import add_member
+
+    member = member_of(folder, member_folder, seed=5)
+    with RewardModel.from_pretrained(folder, device="cpu") as m:
+        written, cal = add_member(m, member, pairs)
+    assert cal.corr > 0 and cal.candidates >= 8 and cal.margin >= 0
+    lowered = dataclasses.replace(Calibration.read(written / MEMBER_FILE), shift=cal.shift - 4.0 - cal.margin)
+    (written / MEMBER_FILE).write_text(lowered.to_json())
+    list_in_manifest(folder / "RELEASE_MANIFEST.json", written / MEMBER_FILE, folder)
+    return member, lowered

@@ -125,3 +125,32 @@ def test_a_sampled_probe_scores_a_perturbation_of_each_probed_item_and_the_monit
         snap = s.get("/v1/models/nvrm/monitor").json()
     assert snap["probe"]["sampled"] == 3 and 0.0 <= snap["probe"]["above_original"] <= 1.0
     assert snap["items"] == 6  # the three items and their three probes, all scored by the model
+
+
+def test_nvrm_serve_members_answers_with_the_members_uncertainty_and_the_reward_unchanged(tiny_bundle, tmp_path):
+    """``nvrm serve --members``: the same rewards as without members, the uncertainty that the in-process model with
+    members=True gives (a member that doubts every candidate, so the two differ from the guard's), and the conservative
+    reward taken from it."""
+    from helpers import Server, doubting_member
+
+    from nvrm.cli.main import main
+
+    assert main(["prefs", "synth", "--out", str(tmp_path / "task"), "--train", "2", "--eval", "0", "--seed", "9"]) == 0
+    folder = guarded_copy(tiny_bundle, tmp_path / "tiny")
+    doubting_member(folder, tmp_path / "member", tmp_path / "task" / "train_pairs.jsonl")
+    ex = make_example(23)
+    names = ["preferred", "freeze", "noise"]
+    cands = [_clip(ex[n]) for n in names]
+    with RewardModel.from_pretrained(folder, device="cpu") as plain, RewardModel.from_pretrained(folder, device="cpu", members=True) as checked:
+        alone = plain.score_group(PROMPT, _clip(ex["context"]), cands)
+        expected = checked.score_group(PROMPT, _clip(ex["context"]), cands)
+    assert all(e.uncertainty > a.uncertainty + 1 for e, a in zip(expected, alone))
+    server = Server(folder, "--members", "--device", "cpu")
+    try:
+        answer = server.post("/v1/score_group", json=group_body(ex, names, conservative=1.0), timeout=120).json()
+    finally:
+        server.stop()
+    got = answer["results"]
+    assert [r["reward"] for r in got] == [r.reward for r in alone]
+    assert [r["uncertainty"] for r in got] == pytest.approx([r.uncertainty for r in expected], rel=1e-4, abs=1e-4)
+    assert [r["conservative_reward"] for r in got] == pytest.approx([r["reward"] - r["uncertainty"] for r in got])

@@ -3,7 +3,6 @@ scoring path and in the differentiable reward (with its gradient), rewards uncha
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,28 +17,6 @@ from nvrm.errors import BundleError, ConfigError, InputError, IntegrityError
 PROMPT = "A square glides across a tiled floor at constant speed."
 
 
-def _member_of(bundle: Path, folder: Path, seed: int) -> Path:
-    """Another model of the bundle's architecture and preprocessing: its head moved at random (a stand-in for one trained
-    from another seed), so its rewards differ but still rise with the bundle's."""
-    from safetensors.torch import load_file, save_file
-
-    from nvrm.bundle import write_manifest
-
-    shutil.copytree(bundle, folder)
-    for name in ("nvrm_guard.safetensors",):
-        (folder / name).unlink(missing_ok=True)
-    head = load_file(folder / "nvrm_head.safetensors")
-    g = torch.Generator().manual_seed(seed)
-    w = head["rm_head.weight"]
-    head["rm_head.weight"] = w + 0.5 * w.abs().mean() * torch.randn(w.shape, generator=g).to(w.dtype)
-    save_file(head, folder / "nvrm_head.safetensors")
-    manifest = folder / "RELEASE_MANIFEST.json"
-    if manifest.exists():
-        manifest.unlink()
-    write_manifest(folder, revision=f"member-{seed}")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     from nvrm.cli.main import main
@@ -51,25 +28,12 @@ def task(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def with_member(tmp_path_factory, tiny_bundle, task):
-    """A guarded copy of the tiny bundle with one member added by ``add_member``, its calibration's shift then lowered so that
-    its bar (``scale * r + shift + margin``) lies 4 below the line: the member doubts every candidate (the test sees the doubt it adds)."""
-    from helpers import guarded_copy
-
-    from nvrm.guard.members import MEMBER_FILE, Calibration
-    from nvrm.train import add_member
+    """A guarded copy of the tiny bundle with one doubting member (``helpers.doubting_member``)."""
+    from helpers import doubting_member, guarded_copy
 
     root = tmp_path_factory.mktemp("members")
     folder = guarded_copy(tiny_bundle, root / "tiny")
-    member = _member_of(folder, root / "member", seed=5)
-    with RewardModel.from_pretrained(folder, device="cpu") as m:
-        written, cal = add_member(m, member, task)
-    assert cal.corr > 0 and cal.candidates >= 8
-    assert cal.margin >= 0
-    lowered = dataclasses.replace(Calibration.read(written / MEMBER_FILE), shift=cal.shift - 4.0 - cal.margin)
-    (written / MEMBER_FILE).write_text(lowered.to_json())
-    from nvrm.guard.sidecar import list_in_manifest
-
-    list_in_manifest(folder / "RELEASE_MANIFEST.json", written / MEMBER_FILE, folder)
+    member, lowered = doubting_member(folder, root / "member", task)
     return folder, member, lowered
 
 
@@ -184,12 +148,12 @@ def test_a_calibration_needs_enough_candidates_that_rise_with_the_bundles():
 
 
 def test_the_cli_adds_a_member_that_verify_show_and_score_then_read(tiny_bundle, task, tmp_path, capsys):
-    from helpers import guarded_copy
+    from helpers import guarded_copy, member_of
 
     from nvrm.cli.main import main
 
     folder = guarded_copy(tiny_bundle, tmp_path / "bundle")
-    member = _member_of(folder, tmp_path / "member", seed=6)
+    member = member_of(folder, tmp_path / "member", seed=6)
     assert main(["guard", "member", "--model", str(folder), "--member", str(member), "--pairs", str(task), "--json"]) == 0
     added = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert added["folder"].endswith("nvrm_members/member-1") and added["corr"] > 0 and added["candidates"] >= 8
