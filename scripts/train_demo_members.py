@@ -48,17 +48,10 @@ def train_one(k: int, work: Path) -> None:
 
 def drop_members(bundle: Path) -> None:
     """Remove ``bundle``'s members and their manifest entries (the copy then verifies without them)."""
-    import json
+    from nvrm.guard.sidecar import unlist_in_manifest
 
     shutil.rmtree(bundle / "nvrm_members", ignore_errors=True)
-    manifest = bundle / "RELEASE_MANIFEST.json"
-    data = json.loads(manifest.read_text())
-    files = data["files"]
-    if isinstance(files, dict):
-        data["files"] = {k: v for k, v in files.items() if not k.startswith("nvrm_members/")}
-    else:
-        data["files"] = [f for f in files if not str(f.get("path", "")).startswith("nvrm_members/")]
-    manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    unlist_in_manifest(bundle / "RELEASE_MANIFEST.json", "nvrm_members/")
 
 
 def run() -> int:

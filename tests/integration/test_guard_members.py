@@ -209,3 +209,24 @@ def test_the_demo_members_script_drops_a_copys_members_with_their_manifest_entri
     assert verify_bundle(copy).files_checked > 0
     with pytest.raises(ConfigError, match="has no members"):
         RewardModel.from_pretrained(copy, device="cpu", members=True)
+
+
+def test_adding_a_member_again_replaces_it_with_its_manifest_entries(with_member, task, tmp_path):
+    """A member added under a name that is taken replaces the old one: the old one's entries leave the manifest (a stale
+    entry would fail every verified load), the new files are listed, and the bundle verifies and loads."""
+    from nvrm.bundle import verify_bundle
+    from nvrm.train import add_member
+
+    folder = shutil.copytree(with_member[0], tmp_path / "again")
+    manifest = folder / "RELEASE_MANIFEST.json"
+    data = json.loads(manifest.read_text())
+    data["files"]["nvrm_members/member-1/model-old.safetensors"] = {"sha256": "0" * 64, "size": 1}  # a file the old member had
+    manifest.write_text(json.dumps(data))
+    with RewardModel.from_pretrained(folder, device="cpu", verify=False) as m:
+        add_member(m, with_member[1], task, name="member-1")
+    listed = [p for p in json.loads(manifest.read_text())["files"] if p.startswith("nvrm_members/")]
+    assert "nvrm_members/member-1/model-old.safetensors" not in listed
+    assert sorted(listed) == sorted(f"nvrm_members/member-1/{f.name}" for f in (folder / "nvrm_members/member-1").iterdir())
+    assert verify_bundle(folder).files_checked > 0
+    with RewardModel.from_pretrained(folder, device="cpu", members=True) as checked:
+        assert [m.name for m in checked.members] == ["member-1"]

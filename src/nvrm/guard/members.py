@@ -136,7 +136,7 @@ def member_folders(bundle: str | Path) -> list[Path]:
     root = Path(bundle) / MEMBERS_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p / MEMBER_FILE).exists())
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / MEMBER_FILE).exists())
 
 
 def check_member(folder: Path, *, model: str, preprocessing: str, config: dict[str, Any]) -> Calibration:
@@ -176,10 +176,9 @@ def bundle_config(bundle: str | Path) -> dict[str, Any]:
 def write_member(bundle: str | Path, name: str, member_bundle: str | Path, calibration: Calibration) -> Path:
     """Copy ``member_bundle``'s config, backbone shards and head into ``bundle/nvrm_members/name`` (replacing a member of
     that name), write its calibration, and list every file in the bundle's manifest. Returns the folder."""
-    from ..bundle.layout import MANIFEST_NAMES
-    from ..bundle.layout import HEAD_FILE
+    from ..bundle.layout import HEAD_FILE, MANIFEST_NAMES
     from ..bundle.load import backbone_files
-    from .sidecar import list_in_manifest
+    from .sidecar import list_in_manifest, unlist_in_manifest
 
     if not _NAME.match(name):
         raise InputError(f"member name {name!r}", "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
@@ -200,6 +199,7 @@ def write_member(bundle: str | Path, name: str, member_bundle: str | Path, calib
     for manifest_name in MANIFEST_NAMES:
         manifest = bundle / manifest_name
         if manifest.is_file():
+            unlist_in_manifest(manifest, f"{MEMBERS_DIR}/{name}/")  # a replaced member's files go with it
             for f in sorted(folder.iterdir()):
                 list_in_manifest(manifest, f, bundle)
             break

@@ -57,6 +57,24 @@ def write_bundle_guard(bundle: str | Path, guard: Guard) -> Path:
     return target
 
 
+def unlist_in_manifest(manifest: Path, prefix: str) -> None:
+    """Drop every entry whose path starts with ``prefix`` from a manifest of either form, keeping the rest."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{manifest}: not valid JSON ({e}); fix or restore it") from e
+    files = data.get("files") if isinstance(data, dict) else None
+    if isinstance(files, dict):
+        data["files"] = {k: v for k, v in files.items() if not k.startswith(prefix)}
+    elif isinstance(files, list):
+        data["files"] = [f for f in files if not (isinstance(f, dict) and str(f.get("path", "")).startswith(prefix))]
+    else:
+        return
+    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, manifest)
+
+
 def list_in_manifest(manifest: Path, file: Path, root: Path | None = None) -> None:
     """Add (or update) ``file``'s entry in a manifest of either form, keeping every other entry and field (its path relative to
     ``root``, the bundle; default: its name)."""
