@@ -148,10 +148,7 @@ def check_member(folder: Path, *, model: str, preprocessing: str, config: dict[s
     if cal.model != model or cal.preprocessing != preprocessing:
         raise BundleError(f"{folder}: this member was calibrated for weights {cal.model[:16]} under preprocessing {cal.preprocessing[:16]}; the model "
                           f"is {model[:16]} under {preprocessing[:16]} (add it again with nvrm guard member)")
-    own = _config(folder)
-    if own != config:
-        keys = sorted(k for k in set(own) | set(config) if own.get(k) != config.get(k))
-        raise BundleError(f"{folder}: its config.json differs from the bundle's ({', '.join(keys[:4])}); a member must have the bundle's architecture")
+    check_architecture(folder, config)
     weights = weights_fingerprint(folder)
     if weights != cal.member:
         raise BundleError(f"{folder}: its weights are {weights[:16]}, its calibration was fitted for {cal.member[:16]}; add it again with nvrm guard member")
@@ -171,6 +168,14 @@ def _config(folder: Path) -> dict[str, Any]:
 def bundle_config(bundle: str | Path) -> dict[str, Any]:
     """The bundle's config.json as members are compared with it (bookkeeping fields left out)."""
     return _config(Path(bundle))
+
+
+def check_architecture(folder: str | Path, config: dict[str, Any], bundle: str = "the bundle's") -> None:
+    """One line naming the fields that differ when ``folder``'s config.json is not ``config`` (``bundle_config`` of the bundle)."""
+    own = _config(Path(folder))
+    if own != config:
+        keys = sorted(k for k in set(own) | set(config) if own.get(k) != config.get(k))
+        raise BundleError(f"{folder}: its config.json differs from {bundle} ({', '.join(keys[:4])}); a member must have the bundle's architecture")
 
 
 def write_member(bundle: str | Path, name: str, member_bundle: str | Path, calibration: Calibration) -> Path:

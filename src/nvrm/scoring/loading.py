@@ -139,9 +139,9 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     from ..guard.sidecar import read_bundle_guard
 
     own = Contract.for_bundle(path)
-    guard = read_bundle_guard(path, preprocessing_fingerprint(path, contract), dev,
-                              own_preprocessing=None if contract == own else preprocessing_fingerprint(path, own))
-    members = _load_members(path, config, settings, dev, attn, guard, contract, preprocessing_fingerprint(path, contract)) if settings.members else ()
+    preprocessing = preprocessing_fingerprint(path, contract)
+    guard = read_bundle_guard(path, preprocessing, dev, own_preprocessing=None if contract == own else preprocessing_fingerprint(path, own))
+    members = _load_members(path, config, settings, dev, attn, guard, contract, preprocessing) if settings.members else ()
     return {
         "guard": guard,
         "members": members,

@@ -19,7 +19,7 @@ def add_member(model, member: str | Path, pairs: str | Path | Sequence[Any], *, 
     """Calibrate bundle ``member`` against ``model`` (a loaded ``RewardModel`` with a guard) on ``pairs``' candidates and write it
     into ``model``'s bundle. Returns (its folder, its ``Calibration``)."""
     from ..bundle import preprocessing_fingerprint, weights_fingerprint
-    from ..guard.members import bundle_config, fit_calibration, member_folders, write_member
+    from ..guard.members import bundle_config, check_architecture, fit_calibration, member_folders, write_member
     from ..prefs.pairs import Pair, read_pairs
     from ..scoring.reward_model import RewardModel
     from .guard_fit import sides_of
@@ -31,10 +31,7 @@ def add_member(model, member: str | Path, pairs: str | Path | Sequence[Any], *, 
     source = Path(member)
     if not (source / "config.json").is_file():
         raise BundleError(f"{source}: not a bundle folder (no config.json); give the bundle nvrm train exported (OUTPUT/bundle)")
-    mine, theirs = bundle_config(model.path), bundle_config(source)
-    if mine != theirs:
-        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        raise BundleError(f"{source}: its config.json differs from {model.path}'s ({', '.join(keys[:4])}); a member must have the bundle's architecture")
+    check_architecture(source, bundle_config(model.path), f"{model.path}'s")
     if preprocessing_fingerprint(source, model.contract) != model.fingerprint:
         raise BundleError(f"{source}: its processor, tokenizer or template differ from {model.path}'s; a member must read the same inputs")
     if Path(source).resolve() == Path(model.path).resolve():
