@@ -65,6 +65,12 @@ class LoadSettings:
         metadata=_help("also run the bundle's members (nvrm_members/, the guard's opt-in check): each item's uncertainty becomes the larger of "
                        "the guard's and what the members put in doubt; one more forward per member and item"),
     )
+    member_rate: float = field(
+        default=0.0,
+        metadata=_help("without --members: run the bundle's members on this share of the scoring calls (a batch, or a group's chunk) "
+                       "for the monitor only (its 'members' entry; the results keep the guard's uncertainty); about this share of "
+                       "--members' extra cost, spent only while a monitor watches (the service's, or RewardModel.watch)"),
+    )
     limits: Limits = field(default_factory=Limits, metadata=_help("bounds checked before any work", cli=False))
 
     def __post_init__(self) -> None:
@@ -85,6 +91,10 @@ class LoadSettings:
             problems.append(f"group_chunk={self.group_chunk} must be >= 1")
         if not (isinstance(self.vllm_timeout_s, (int, float)) and 0 < self.vllm_timeout_s <= 86400):
             problems.append(f"vllm_timeout_s={self.vllm_timeout_s!r} must be a number of seconds in (0, 86400]")
+        if not (isinstance(self.member_rate, (int, float)) and 0 <= self.member_rate <= 1):
+            problems.append(f"member_rate={self.member_rate!r} must be a share in [0, 1]")
+        elif self.members and self.member_rate:
+            problems.append(f"member_rate={self.member_rate!r} with members=True: the members already run on every item; drop one of the two")
         if not isinstance(self.limits, Limits):
             problems.append(f"limits must be a Limits, got {type(self.limits).__name__}")
         if problems:

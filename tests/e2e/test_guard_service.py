@@ -130,7 +130,8 @@ def test_a_sampled_probe_scores_a_perturbation_of_each_probed_item_and_the_monit
 def test_nvrm_serve_members_answers_with_the_members_uncertainty_and_the_reward_unchanged(tiny_bundle, tmp_path):
     """``nvrm serve --members``: the same rewards as without members, the uncertainty that the in-process model with
     members=True gives (a member that doubts every candidate, so the two differ from the guard's), and the conservative
-    reward taken from it."""
+    reward taken from it. ``nvrm serve --member-rate``: the guard's answers, and the members' doubt in the monitor (route
+    and metric) alone."""
     from helpers import Server, doubting_member
 
     from nvrm.cli.main import main
@@ -154,3 +155,16 @@ def test_nvrm_serve_members_answers_with_the_members_uncertainty_and_the_reward_
     assert [r["reward"] for r in got] == [r.reward for r in alone]
     assert [r["uncertainty"] for r in got] == pytest.approx([r.uncertainty for r in expected], rel=1e-4, abs=1e-4)
     assert [r["conservative_reward"] for r in got] == pytest.approx([r["reward"] - r["uncertainty"] for r in got])
+    # --member-rate: the members run for the monitor alone (every call at rate 1); the answers are the guard's
+    sampled = Server(folder, "--member-rate", "1", "--device", "cpu")
+    try:
+        answer = sampled.post("/v1/score_group", json=group_body(ex, names), timeout=120).json()
+        snap = sampled.get("/v1/models/nvrm/monitor").json()
+        metrics = sampled.get("/metrics").text
+    finally:
+        sampled.stop()
+    assert [(r["reward"], r["uncertainty"]) for r in answer["results"]] == [(r.reward, r.uncertainty) for r in alone]
+    threshold = snap["uncertainty"]["threshold"]
+    share = sum(e.uncertainty > threshold for e in expected) / len(expected)
+    assert snap["members"]["checked"] == 3 and snap["members"]["share_above"] == pytest.approx(share) and share > 0
+    assert metric_sum(metrics, "nvrm_monitor_members_doubtful_share", model="nvrm") == pytest.approx(share)

@@ -230,3 +230,42 @@ def test_adding_a_member_again_replaces_it_with_its_manifest_entries(with_member
     assert verify_bundle(folder).files_checked > 0
     with RewardModel.from_pretrained(folder, device="cpu", members=True) as checked:
         assert [m.name for m in checked.members] == ["member-1"]
+
+
+def test_a_member_rate_runs_the_members_on_the_share_of_calls_the_monitor_draws_and_leaves_every_result_alone(with_member, capsys):
+    """``member_rate``: the results are the guard's alone, bit for bit, watched or not; while a monitor watches, the calls it
+    draws are checked by the members, and what it counts is what ``members=True`` gives those items; no monitor, no work."""
+    from nvrm.cli.main import main
+    from nvrm.guard.monitor import MonitorSettings, sampled
+
+    folder, member, _ = with_member
+    _, ctx, cands = _scored(folder, member)
+    calls = 12
+    with RewardModel.from_pretrained(folder, device="cpu") as plain, \
+            RewardModel.from_pretrained(folder, device="cpu", member_rate=0.5) as sampled_model, \
+            RewardModel.from_pretrained(folder, device="cpu", members=True) as checked:
+        assert [m.name for m in sampled_model.members] == ["member-1"]
+        guarded = plain.score_group(PROMPT, ctx, cands)
+        assert sampled_model.score_group(PROMPT, ctx, cands) == guarded  # no monitor: the members never run
+        both = checked.score_group(PROMPT, ctx, cands)
+        monitor = sampled_model.watch(MonitorSettings(window=64, min_items=4))
+        for _ in range(calls):
+            assert sampled_model.score_group(PROMPT, ctx, cands) == guarded
+        drawn = sum(sampled(0.5, f"members|{n}") for n in range(1, calls + 1))
+        assert 0 < drawn < calls  # a share: some calls checked, some not
+        doubtful = sum(b.uncertainty > monitor.threshold for b in both) / len(both)
+        assert doubtful > 0.1  # the lowered member doubts these candidates past the guard's threshold
+        snap = monitor.snapshot()
+        assert snap["members"] == {"checked": drawn * len(cands), "share_above": pytest.approx(doubtful)}
+        assert snap["uncertainty"]["share_above"] == pytest.approx(sum(g.uncertainty > monitor.threshold for g in guarded) / len(guarded))
+        assert snap["state"] == "suspect" and "members checked" in snap["reason"], snap["reason"]
+        # differentiable() is the guard's alone too: a sampled share is the monitor's, never a gradient's
+        frames = torch.tensor(np.stack([np.asarray(f) for f in cands[1].frames])).float().div(255)
+        scorer = sampled_model.differentiable(conservative=1.0)
+        scorer(PROMPT, ctx, frames, fps=4)
+        assert float(scorer.uncertainty[0]) == pytest.approx(guarded[1].uncertainty, abs=1e-3)
+    with pytest.raises(ConfigError, match="member_rate=0.5: .* has no guard"):
+        RewardModel.from_pretrained(member, device="cpu", member_rate=0.5)  # (the member's own copy: no guard, no members)
+    with pytest.raises(SystemExit) as e:  # only nvrm serve keeps a monitor, so only it takes the flag
+        main(["score", "--model", str(folder), "--member-rate", "0.5", "--prompt", PROMPT, "--context", "c.mp4", "--candidate", "x.mp4"])
+    assert e.value.code == 2 and "unrecognized arguments: --member-rate" in capsys.readouterr().err

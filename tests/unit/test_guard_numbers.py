@@ -217,6 +217,33 @@ def test_the_monitor_without_a_guard_reports_rewards_only_and_takes_probe_result
         MonitorSettings(window=4, min_items=8)
 
 
+def test_the_monitor_counts_what_the_members_checked_and_draws_their_share_of_calls():
+    from nvrm.guard.monitor import sampled
+    from nvrm.settings import LoadSettings
+
+    m = Monitor(REFERENCE, threshold=1.0, settings=MonitorSettings(window=64, min_items=16))
+    for _ in range(40):  # the guard finds nothing doubtful...
+        m.add(1.0, 0.1, GENUINE_STATS)
+    m.add_members([0.5] * 10)
+    assert m.snapshot()["members"] == {"checked": 10, "share_above": 0.0} and m.snapshot()["state"] == "ok"
+    m.add_members([3.0] * 10 + [math.nan])  # ...the members doubt half of what they checked (a NaN is no reading)
+    snap = m.snapshot()
+    assert snap["members"] == {"checked": 20, "share_above": 0.5}
+    assert snap["state"] == "suspect" and "members checked" in snap["reason"] and "\n" not in snap["reason"], snap["reason"]
+    few = Monitor(REFERENCE, threshold=1.0, settings=MonitorSettings(window=64, min_items=16))
+    few.add_members([3.0] * 4)  # too few checked to call it
+    assert few.snapshot()["state"] == "ok"
+    assert Monitor.for_guard(None).snapshot()["members"] == {"checked": 0, "share_above": None}
+    # the draw: seeded per call, so a share of the calls, the same ones every run
+    draws = [m.draw(0.25) for _ in range(400)]
+    assert draws == [sampled(0.25, f"members|{n}") for n in range(1, 401)] and 60 < sum(draws) < 140
+    assert not any(Monitor(REFERENCE, 1.0).draw(0.0) for _ in range(50)) and all(Monitor(REFERENCE, 1.0).draw(1.0) for _ in range(50))
+    for bad, why in [({"member_rate": 1.5}, "share in"), ({"member_rate": -0.1}, "share in"),
+                     ({"members": True, "member_rate": 0.5}, "already run on every item")]:
+        with pytest.raises(ConfigError, match=why):
+            LoadSettings(**bad)
+
+
 def test_the_squeeze_keeps_what_frames_show_and_loses_a_pixel_pattern():
     import numpy as np
 

@@ -337,8 +337,11 @@ def run_guard_cost(model, group: int, repeats: int, seed: int = 7, size: tuple[i
     med = {k: float(np.median(v)) for k, v in times.items()}
     frames = tuple(int(x) for x in _resized(ex["context"][:1], size).shape[1:3])
     paired = float(np.median(np.asarray(times["with guard"]) / np.asarray(times["without"]))) - 1.0
-    return {"group": group, "repeats": repeats, "frame_size": frames, "device": str(model.device), "members": len(model.members), "median_s": med,
+    mean = {k: float(np.mean(v)) for k, v in times.items()}
+    return {"group": group, "repeats": repeats, "frame_size": frames, "device": str(model.device), "members": len(model.members),
+            "member_rate": model.settings.member_rate, "median_s": med, "mean_s": mean,
             "overhead": med["with guard"] / med["without"] - 1.0, "paired_overhead": paired,
+            "mean_overhead": mean["with guard"] / mean["without"] - 1.0,
             "guard_work_s": _guard_work(model, ctx, cands, repeats) if guard is not None else None, "times": times}
 
 
@@ -418,33 +421,51 @@ def run_guard_cost_on_arch(arch: str, group: int, repeats: int, size: tuple[int,
 
 def run_hacking(bundle: str, *, examples: int = 12, seed: int = 3_000_000, per_attacker: int = 1, attackers: Sequence[Attacker] = ATTACKERS,
                 over_seeds: Sequence[int] = (4_000_000, 4_000_001, 4_000_002), over_steps: int = 40, cost_group: int = 8, cost_repeats: int = 10,
-                say: Callable[[str], None] = lambda _: None, squeezed: bool = False, members: bool = False) -> dict[str, Any]:
+                say: Callable[[str], None] = lambda _: None, squeezed: bool = False, members: bool = False,
+                member_rate: float = 0.0) -> dict[str, Any]:
     """The three parts on ``bundle`` (which must have a guard): detection, over-optimisation, and the guard's cost. ``members``:
     with the bundle's members loaded (the opt-in check), so every uncertainty, every attacker that ascends the conservative
-    reward, the conservative optimisation and the cost's guarded side include them."""
+    reward, the conservative optimisation and the cost's guarded side include them. ``member_rate``: the members run on that
+    share of the calls for a monitor alone; no result changes, so only the cost is measured (its mean is the figure: the
+    median of calls mostly unsampled hides the sampled ones)."""
     from ..scoring.reward_model import RewardModel
 
-    with RewardModel.from_pretrained(bundle, device="cpu", members=members) as model:
+    with RewardModel.from_pretrained(bundle, device="cpu", members=members, member_rate=member_rate) as model:
         report: dict[str, Any] = {"bundle": str(bundle), "guard": model.guard.summary() if model.guard is not None else None,
                                   "members": [{"name": m.name, "scale": m.scale, "shift": m.shift, "margin": m.margin} for m in model.members]}
+        if member_rate:
+            model.watch()  # the sampled members run only while a monitor watches
+            examples, over_steps = 0, 0
+            report["monitor"] = None
         report["cost"] = run_guard_cost(model, cost_group, cost_repeats) if cost_repeats else None
         report["detection"] = run_detection(model, examples, seed, attackers, per_attacker, say, squeezed=squeezed) if examples else None
         report["overoptimisation"] = run_overoptimisation(model, over_seeds, over_steps, say=say) if over_steps else None
+        if member_rate:
+            report["monitor"] = model.monitor.snapshot()["members"]
     return report
 
 
 def format_hacking(report: dict[str, Any]) -> str:
     """The report as text: detection per attacker, the conservative reward's hold, accuracy, curves' ends, the cost."""
     lines = [f"bundle {report['bundle']}"]
-    if report.get("members"):
+    cost = report.get("cost")
+    if report.get("members") and cost and cost.get("member_rate"):
+        names = ", ".join(m["name"] for m in report["members"])
+        lines.append(f"with the opt-in check sampled for the monitor: member(s) {names} on {cost['member_rate']:.0%} of the calls "
+                     f"(the results keep the guard's uncertainty, so only the cost is measured; "
+                     f"{report['monitor']['checked']} items checked in all)")
+    elif report.get("members"):
         names = ", ".join(m["name"] for m in report["members"])
         lines.append(f"with the opt-in check: member(s) {names} (every uncertainty, attacker and cost below includes them)")
-    cost = report.get("cost")
     if cost:
         m = cost["median_s"]
         lines.append(f"guard cost: score_group of {cost['group']} prepared candidates {m['without'] * 1000:.1f} ms without, "
                      f"{m['with guard'] * 1000:.1f} ms with the guard: {cost['overhead']:+.1%} (median of {cost['repeats']}, alternated)"
                      + (f"; the median of the pairs' own ratios: {cost['paired_overhead']:+.1%}" if "paired_overhead" in cost else ""))
+        if cost.get("member_rate"):
+            mean = cost["mean_s"]
+            lines.append(f"  means (the figure for a sampled check): {mean['without'] * 1000:.1f} ms without, {mean['with guard'] * 1000:.1f} ms "
+                         f"with the guard and the sampled members: {cost['mean_overhead']:+.1%}")
         if cost.get("guard_work_s") is not None:
             lines.append(f"the guard's own work after the forward: {cost['guard_work_s'] * 1000:.2f} ms a call "
                          f"({cost['guard_work_s'] / m['without']:.1%} of the unguarded call)")

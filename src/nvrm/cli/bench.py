@@ -63,6 +63,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     hk.add_argument("--plots", metavar="DIR", help="write the figures (PNG) here")
     hk.add_argument("--members", action="store_true", help="load the bundle's members too (the guard's opt-in check, nvrm guard member): "
                     "detection, over-optimisation and cost then include them")
+    hk.add_argument("--member-rate", type=float, default=0.0, metavar="R", help="load the bundle's members to run on a share R of the "
+                    "calls for a monitor alone (LoadSettings.member_rate): only the cost is measured, as means")
     hk.add_argument("--squeeze", action="store_true", help="detection: also score every candidate JPEG-squeezed (the opt-in second "
                     "forward) and report what min(conservative, squeezed reward) adds")
     hk.add_argument("--cost-arch", choices=["tiny", "deep", "mid", "4b"], help="measure only the guard's cost, on a random bundle of this "
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             report = hacking.run_hacking(args.model or str(ensure_demo_bundle()), examples=args.hack_examples, seed=args.hack_seed,
                                          over_seeds=args.over_seeds, over_steps=args.over_steps, cost_repeats=args.cost_repeats,
                                          say=lambda m: print(f"nvrm bench: {m}", file=sys.stderr), squeezed=args.squeeze,
-                                         members=args.members)
+                                         members=args.members, member_rate=args.member_rate)
         if args.plots:
             report["plots"] = hacking.plot_hacking(report, args.plots)
         text = hacking.format_hacking(report)

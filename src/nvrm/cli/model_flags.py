@@ -6,9 +6,11 @@ import argparse
 
 
 
-def add_model_args(p: argparse.ArgumentParser, required: bool = True, *, named: bool = False, backends: bool = False) -> None:
+def add_model_args(p: argparse.ArgumentParser, required: bool = True, *, named: bool = False, backends: bool = False,
+                   monitored: bool = False) -> None:
     """``--model`` plus one flag per ``LoadSettings`` and ``Limits`` field (cli/options.py); ``named``: repeatable NAME=DIR;
-    ``backends``: ``--backend`` and ``--vllm-url`` (commands that score through ``RewardModel``'s scoring API)."""
+    ``backends``: ``--backend`` and ``--vllm-url`` (commands that score through ``RewardModel``'s scoring API);
+    ``monitored``: ``--member-rate``, for a command that keeps a monitor (nvrm serve), the only reader of sampled members."""
     from ..limits import Limits
     from ..settings import LoadSettings
     from .options import add_dataclass_args
@@ -17,7 +19,8 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True, *, named: 
         p.add_argument("--model", required=required, action="append", help="bundle directory, or NAME=DIR (repeatable; the first is the default)")
     else:
         p.add_argument("--model", required=required, help="bundle directory (or Hub repo id)")
-    add_dataclass_args(p, LoadSettings, group="model settings", exclude=() if backends else ("vllm_timeout_s",))
+    exclude = (() if backends else ("vllm_timeout_s",)) + (() if monitored else ("member_rate",))
+    add_dataclass_args(p, LoadSettings, group="model settings", exclude=exclude)
     if backends:
         g = p.add_argument_group("backend")
         g.add_argument("--backend", choices=("nvrm", "vllm"), default="nvrm",

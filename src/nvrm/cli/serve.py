@@ -16,7 +16,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     from .model_flags import add_model_args
     from .options import add_dataclass_args, add_ray_args
 
-    add_model_args(p, named=True, backends=True)
+    add_model_args(p, named=True, backends=True, monitored=True)
     add_dataclass_args(p, ServeConfig, group="service")
     ray = add_ray_args(p, what="replicas on one machine or a cluster", replica="the same app as Ray Serve replicas")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs reserved per replica")

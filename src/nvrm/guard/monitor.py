@@ -8,23 +8,35 @@ gives the rolling picture over the last ``window`` items and a state:
   guard's threshold, which only 1 % of genuine items pass), or the reward is rising while a frame statistic
   (brightness, saturation, contrast, sharpness, change) has left the range of genuine candidates.
 
-The reason is one line naming the numbers. A sampled probe (``nvrm.guard.probe``) adds how often a
-perturbation of an item scored above the item itself; a high rate is suspect too.
+The reason is one line naming the numbers. A sampled probe (the service's ``--probe-rate``) adds how often a
+perturbation of an item scored above the item itself; a high rate is suspect too. The bundle's members (the
+guard's opt-in check, ``nvrm.guard.members``), run on every item (``members=True``) or on a sampled share of
+the scoring calls (``member_rate``), add the share of the items they checked that are doubtful with them; a large
+share is suspect as for the guard's own.
 
 Thread-safe: the service's scoring threads add while its HTTP threads read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .stats import MONITORED
 
 STATES = ("ok", "suspect")
+
+
+def sampled(rate: float, key: str) -> bool:
+    """Whether the draw named ``key`` falls in the share ``rate`` (deterministic, pure)."""
+    if rate <= 0:
+        return False
+    draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") / 2.0**64
+    return draw < rate
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,8 @@ class Monitor:
         self.threshold = threshold
         self._items: deque[_Item] = deque(maxlen=self.settings.window)
         self._probe: deque[bool] = deque(maxlen=self.settings.window)
+        self._members: deque[bool] = deque(maxlen=self.settings.window)
+        self._calls = 0
         self._lock = threading.Lock()
         self.total = 0
 
@@ -100,11 +114,26 @@ class Monitor:
         with self._lock:
             self._probe.append(bool(above))
 
+    def draw(self, rate: float) -> bool:
+        """Whether the members check this scoring call, at ``rate`` (``LoadSettings.member_rate``): a seeded draw per call."""
+        with self._lock:
+            self._calls += 1
+            n = self._calls
+        return sampled(rate, f"members|{n}")
+
+    def add_members(self, uncertainties: Sequence[float]) -> None:
+        """The uncertainties, with the members, of the items they checked (each counts as doubtful above the guard's threshold)."""
+        if self.threshold is None:
+            return
+        with self._lock:
+            self._members.extend(float(u) > self.threshold for u in uncertainties if math.isfinite(float(u)))
+
     def snapshot(self) -> dict[str, Any]:
         """The rolling statistics, the state (``ok`` or ``suspect``) and a one-line reason."""
         with self._lock:
             items = list(self._items)
             probe = list(self._probe)
+            checked = list(self._members)
             total = self.total
         s = self.settings
         rewards = [it.reward for it in items]
@@ -135,10 +164,13 @@ class Monitor:
         out["frames"] = frames
         probe_rate = sum(probe) / len(probe) if probe else None
         out["probe"] = {"sampled": len(probe), "above_original": probe_rate}
-        out["state"], out["reason"] = self._state(len(items), share, rising, drifted, older, recent, probe_rate, len(probe))
+        members_share = sum(checked) / len(checked) if checked else None
+        out["members"] = {"checked": len(checked), "share_above": members_share}
+        out["state"], out["reason"] = self._state(len(items), share, rising, drifted, older, recent, probe_rate, len(probe),
+                                                  members_share, len(checked))
         return out
 
-    def _state(self, n, share, rising, drifted, older, recent, probe_rate, probed) -> tuple[str, str]:
+    def _state(self, n, share, rising, drifted, older, recent, probe_rate, probed, members_share=None, checked=0) -> tuple[str, str]:
         s = self.settings
         if n < s.min_items:
             return "ok", f"{n} of the {s.min_items} items needed so far"
@@ -147,6 +179,9 @@ class Monitor:
         trend = f"reward {older:+.3g} -> {recent:+.3g} over the window" if older is not None and recent is not None else "reward flat"
         if share is not None and share > s.doubtful_share:
             return "suspect", f"{share:.0%} of the last {n} items are doubtful (uncertainty above {self.threshold:.3g}; genuine: 1%); {trend}"
+        if members_share is not None and checked >= s.min_items and members_share > s.doubtful_share:
+            return "suspect", (f"{members_share:.0%} of the last {checked} items the members checked are doubtful with them "
+                               f"(uncertainty above {self.threshold:.3g}; genuine: 1%); {trend}")
         if rising and drifted:
             return "suspect", f"reward rising ({trend}) while {'; '.join(drifted)}"
         if probe_rate is not None and probed >= s.min_items and probe_rate > s.probe_share:

@@ -222,7 +222,8 @@ class DifferentiableReward(torch.nn.Module):
         reading = read([tap.frames[g] for g in range(G)], [tap.last[g] for g in range(G)], rewards, cands,
                        [(enc.context_pixels, enc.context_grid)] * G, model.engine.codec.patch_size)
         self.uncertainty = guard.uncertainty(reading)
-        members = getattr(model, "members", ())
+        every = getattr(getattr(model, "settings", None), "members", False)  # a member_rate is the monitor's alone
+        members = getattr(model, "members", ()) if every else ()
         if members:  # the opt-in check: each member's reward of the same pixel values, with its graph (nvrm.guard.members)
             from ..guard.members import doubt
 

@@ -141,7 +141,8 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
     own = Contract.for_bundle(path)
     preprocessing = preprocessing_fingerprint(path, contract)
     guard = read_bundle_guard(path, preprocessing, dev, own_preprocessing=None if contract == own else preprocessing_fingerprint(path, own))
-    members = _load_members(path, config, settings, dev, attn, guard, contract, preprocessing) if settings.members else ()
+    wanted = settings.members or settings.member_rate > 0
+    members = _load_members(path, config, settings, dev, attn, guard, contract, preprocessing) if wanted else ()
     return {
         "guard": guard,
         "members": members,
@@ -157,16 +158,18 @@ def load_parts(path_or_repo: str | os.PathLike, settings: LoadSettings, contract
 
 
 def _load_members(path, config, settings: LoadSettings, dev, attn: str, guard, contract: Contract, preprocessing: str) -> tuple:
-    """``(name, backbone, head, calibration)`` of every member in ``path/nvrm_members`` (``members=True``), each checked
-    against the bundle's weights, preprocessing and architecture; a bundle without a guard or without members is refused."""
+    """``(name, backbone, head, calibration)`` of every member in ``path/nvrm_members`` (``members=True``, or a
+    ``member_rate``), each checked against the bundle's weights, preprocessing and architecture; a bundle without a
+    guard or without members is refused."""
     from ..bundle import weights_fingerprint
     from ..guard.members import MEMBERS_DIR, bundle_config, check_member, member_folders
 
+    asked, flag = ("members=True", "--members") if settings.members else (f"member_rate={settings.member_rate:g}", "--member-rate")
     if guard is None:
-        raise ConfigError(f"members=True: {path} has no guard under this contract; members are the guard's opt-in check (fit one with nvrm guard fit)")
+        raise ConfigError(f"{asked}: {path} has no guard under this contract; members are the guard's opt-in check (fit one with nvrm guard fit)")
     folders = member_folders(path)
     if not folders:
-        raise ConfigError(f"members=True: {path} has no members ({MEMBERS_DIR}/NAME); add one with nvrm guard member, or drop --members")
+        raise ConfigError(f"{asked}: {path} has no members ({MEMBERS_DIR}/NAME); add one with nvrm guard member, or drop {flag}")
     weights, own = weights_fingerprint(path), bundle_config(path)
     out = []
     for folder in folders:

@@ -42,8 +42,9 @@ def load_backend(backend: str, path_or_repo: Any, settings: LoadSettings, contra
 
     if backend != "vllm":
         raise ConfigError(f"backend={backend!r} must be one of {', '.join(BACKENDS)}")
-    if settings.members:
-        raise ConfigError("members=True: the vLLM backend reads no hidden state, so it has no guard and no members; use backend='nvrm'")
+    if settings.members or settings.member_rate:
+        asked = "members=True" if settings.members else f"member_rate={settings.member_rate:g}"
+        raise ConfigError(f"{asked}: the vLLM backend reads no hidden state, so it has no guard and no members; use backend='nvrm'")
     from .vllm_model import VllmRewardModel
 
     return VllmRewardModel.load(path_or_repo, settings, contract, url=vllm_url)
@@ -138,7 +139,8 @@ class RewardModel(Scoring):
 
     @property
     def members(self) -> tuple:
-        """The members loaded with ``members=True`` (``nvrm.guard.members``): the guard's opt-in check; empty otherwise."""
+        """The members loaded with ``members=True`` or a ``member_rate`` (``nvrm.guard.members``): the guard's opt-in
+        check; empty otherwise. Only ``members=True`` puts them in every result's uncertainty and in ``differentiable()``."""
         return self.pipeline.members
 
     @property

@@ -100,7 +100,8 @@ class Pipeline:
     monitor: Monitor | None = None
     """Rolling statistics of every item scored (``RewardModel.watch``; the service's per-model monitor)."""
     members: tuple[Member, ...] = ()
-    """The guard's opt-in check (``members=True`` at load): models that truly differ, each run on every item (``nvrm.guard.members``)."""
+    """The guard's opt-in check (``nvrm.guard.members``): models that truly differ, run on every item (``members=True`` at
+    load), or on a sampled share of the calls for the monitor alone (``member_rate``)."""
 
     def observe(self, results: Sequence[Any]) -> list[Any]:
         """``results``, after the monitor (if any) has seen them."""
@@ -128,8 +129,9 @@ class Pipeline:
                       members: Callable[[Member], Sequence[float]] | None = None) -> tuple[list[Any], list[Any]]:
         """The guard's uncertainty and the frame statistics of each row a ``tap`` saw (``videos[i]``: row i's (candidate, context),
         each with ``pixels`` and ``grid``); Nones without a guard, or for a row whose reward is not a number. With members
-        loaded, ``members(member)`` runs one member on the same rows (its raw rewards, in row order), and each uncertainty
-        is the larger of the guard's and the members' (``nvrm.guard.members``)."""
+        loaded, ``members(member)`` runs one member on the same rows (its raw rewards, in row order): with ``members=True``
+        each uncertainty is the larger of the guard's and the members' (``nvrm.guard.members``); with a ``member_rate``,
+        on the calls the monitor draws, only the monitor learns theirs and the results keep the guard's."""
         out: list[float | None] = [None] * len(videos)
         stats: list[dict[str, float] | None] = [None] * len(videos)
         if tap is None or self.guard is None or not videos:
@@ -144,8 +146,13 @@ class Pipeline:
                 self.engine.codec.patch_size if self.engine.codec is not None else 16,
             )
             doubt = self.guard.uncertainty(reading)
-            if self.members and members is not None:
-                doubt = self.member_doubt(doubt, reading.reward, rows, members)
+            every = self.settings.members
+            if self.members and members is not None and (every or (self.monitor is not None and self.monitor.draw(self.settings.member_rate))):
+                checked = self.member_doubt(doubt, reading.reward, rows, members)
+                if self.monitor is not None:
+                    self.monitor.add_members(checked.cpu().tolist())
+                if every:
+                    doubt = checked
             for i, u, st in zip(rows, doubt.cpu().tolist(), reading.stats.cpu().tolist()):
                 out[i] = float(u)
                 stats[i] = dict(zip(STATS, st))

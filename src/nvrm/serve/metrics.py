@@ -73,7 +73,8 @@ class Metrics:
 
 class _MonitorCollector:
     """The per-model monitors (``nvrm.guard.monitor``) as gauges: reward mean and spread, uncertainty mean and the share of
-    doubtful items, each monitored frame statistic's mean, the probe's rate, and whether the state is suspect."""
+    doubtful items (the guard's, and the members' where they run), each monitored frame statistic's mean, the probe's rate,
+    and whether the state is suspect."""
 
     def __init__(self, snapshots: Callable[[], dict[str, dict]]):
         self.snapshots = snapshots
@@ -88,6 +89,8 @@ class _MonitorCollector:
             "nvrm_monitor_reward_std": ("Spread of the reward over the monitor window", lambda s: s["reward"]["std"]),
             "nvrm_monitor_uncertainty_mean": ("Mean uncertainty over the monitor window (the guard's)", lambda s: s["uncertainty"]["mean"]),
             "nvrm_monitor_doubtful_share": ("Share of the window's items above the guard's threshold", lambda s: s["uncertainty"]["share_above"]),
+            "nvrm_monitor_members_doubtful_share": ("Share of the items the members checked that are doubtful with them (--members, --member-rate)",
+                                                    lambda s: s.get("members", {}).get("share_above")),
             "nvrm_monitor_probe_above_share": ("Share of sampled probe perturbations that scored above their item", lambda s: s["probe"]["above_original"]),
             "nvrm_monitor_suspect": ("1 while the monitor calls the stream suspect (the hacking signature), else 0", lambda s: s["state"] == "suspect"),
         }

@@ -12,7 +12,6 @@ Each probe costs one more item on the model; the rate is off (0) by default.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -20,18 +19,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...guard.monitor import sampled
+
 log = logging.getLogger(__name__)
 
 PROBES = ("freeze", "reverse", "shuffle", "blur", "noise", "brightness", "lowres")
 """The degrading perturbations a sampled probe picks from (all work on the 1 FPS frames the contract samples)."""
-
-
-def sampled(rate: float, key: str) -> bool:
-    """Whether the item named ``key`` is probed at ``rate`` (deterministic, pure)."""
-    if rate <= 0:
-        return False
-    draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") / 2.0**64
-    return draw < rate
 
 
 class Prober:
