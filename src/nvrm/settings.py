@@ -91,7 +91,7 @@ class LoadSettings:
             problems.append(f"group_chunk={self.group_chunk} must be >= 1")
         if not (isinstance(self.vllm_timeout_s, (int, float)) and 0 < self.vllm_timeout_s <= 86400):
             problems.append(f"vllm_timeout_s={self.vllm_timeout_s!r} must be a number of seconds in (0, 86400]")
-        if not (isinstance(self.member_rate, (int, float)) and 0 <= self.member_rate <= 1):
+        if isinstance(self.member_rate, bool) or not (isinstance(self.member_rate, (int, float)) and 0 <= self.member_rate <= 1):
             problems.append(f"member_rate={self.member_rate!r} must be a share in [0, 1]")
         elif self.members and self.member_rate:
             problems.append(f"member_rate={self.member_rate!r} with members=True: the members already run on every item; drop one of the two")

@@ -232,7 +232,8 @@ def test_adding_a_member_again_replaces_it_with_its_manifest_entries(with_member
         assert [m.name for m in checked.members] == ["member-1"]
 
 
-def test_a_member_rate_runs_the_members_on_the_share_of_calls_the_monitor_draws_and_leaves_every_result_alone(with_member, capsys):
+def test_a_member_rate_runs_the_members_on_the_share_of_calls_the_monitor_draws_and_leaves_every_result_alone(with_member, capsys,
+                                                                                                           monkeypatch, caplog):
     """``member_rate``: the results are the guard's alone, bit for bit, watched or not; while a monitor watches, the calls it
     draws are checked by the members, and what it counts is what ``members=True`` gives those items; no monitor, no work."""
     from nvrm.cli.main import main
@@ -259,6 +260,15 @@ def test_a_member_rate_runs_the_members_on_the_share_of_calls_the_monitor_draws_
         assert snap["members"] == {"checked": drawn * len(cands), "share_above": pytest.approx(doubtful)}
         assert snap["uncertainty"]["share_above"] == pytest.approx(sum(g.uncertainty > monitor.threshold for g in guarded) / len(guarded))
         assert snap["state"] == "suspect" and "members checked" in snap["reason"], snap["reason"]
+        # a member that fails on a drawn call costs the monitor that reading, never a result (one warning says so)
+        broken = sampled_model.members[0].runtime
+        monkeypatch.setattr(broken, "group", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("member forward broke")))
+        with caplog.at_level("WARNING", logger="nvrm"):
+            for _ in range(calls):
+                assert sampled_model.score_group(PROMPT, ctx, cands) == guarded
+        assert monitor.snapshot()["members"]["checked"] == drawn * len(cands)
+        assert "member forward broke" in caplog.text and "keep the guard's" in caplog.text
+        monkeypatch.undo()
         # differentiable() is the guard's alone too: a sampled share is the monitor's, never a gradient's
         frames = torch.tensor(np.stack([np.asarray(f) for f in cands[1].frames])).float().div(255)
         scorer = sampled_model.differentiable(conservative=1.0)

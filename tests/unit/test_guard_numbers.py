@@ -238,7 +238,7 @@ def test_the_monitor_counts_what_the_members_checked_and_draws_their_share_of_ca
     draws = [m.draw(0.25) for _ in range(400)]
     assert draws == [sampled(0.25, f"members|{n}") for n in range(1, 401)] and 60 < sum(draws) < 140
     assert not any(Monitor(REFERENCE, 1.0).draw(0.0) for _ in range(50)) and all(Monitor(REFERENCE, 1.0).draw(1.0) for _ in range(50))
-    for bad, why in [({"member_rate": 1.5}, "share in"), ({"member_rate": -0.1}, "share in"),
+    for bad, why in [({"member_rate": 1.5}, "share in"), ({"member_rate": -0.1}, "share in"), ({"member_rate": True}, "share in"),
                      ({"members": True, "member_rate": 0.5}, "already run on every item")]:
         with pytest.raises(ConfigError, match=why):
             LoadSettings(**bad)

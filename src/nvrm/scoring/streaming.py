@@ -146,13 +146,16 @@ class Pipeline:
                 self.engine.codec.patch_size if self.engine.codec is not None else 16,
             )
             doubt = self.guard.uncertainty(reading)
-            every = self.settings.members
-            if self.members and members is not None and (every or (self.monitor is not None and self.monitor.draw(self.settings.member_rate))):
-                checked = self.member_doubt(doubt, reading.reward, rows, members)
+            if self.members and members is not None and self.settings.members:
+                doubt = self.member_doubt(doubt, reading.reward, rows, members)
                 if self.monitor is not None:
-                    self.monitor.add_members(checked.cpu().tolist())
-                if every:
-                    doubt = checked
+                    self.monitor.add_members(doubt.cpu().tolist())
+            elif self.members and members is not None and self.monitor is not None and self.monitor.draw(self.settings.member_rate):
+                try:  # the monitor's alone: a member that fails here costs its reading, never a result
+                    self.monitor.add_members(self.member_doubt(doubt, reading.reward, rows, members).cpu().tolist())
+                except Exception as e:  # noqa: BLE001
+                    logging.getLogger("nvrm").warning("the sampled members' check of %d item(s) failed; the results keep the guard's "
+                                                      "uncertainty: %s", len(rows), e)
             for i, u, st in zip(rows, doubt.cpu().tolist(), reading.stats.cpu().tolist()):
                 out[i] = float(u)
                 stats[i] = dict(zip(STATS, st))
