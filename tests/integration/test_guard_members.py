@@ -222,7 +222,8 @@ def test_adding_a_member_again_replaces_it_with_its_manifest_entries(with_member
     data = json.loads(manifest.read_text())
     data["files"]["nvrm_members/member-1/model-old.safetensors"] = {"sha256": "0" * 64, "size": 1}  # a file the old member had
     manifest.write_text(json.dumps(data))
-    with RewardModel.from_pretrained(folder, device="cpu", verify=False) as m:
+    # (a model that has its own members sampled for a monitor adds one too: the member is loaded without any)
+    with RewardModel.from_pretrained(folder, device="cpu", verify=False, member_rate=0.5) as m:
         add_member(m, with_member[1], task, name="member-1")
     listed = [p for p in json.loads(manifest.read_text())["files"] if p.startswith("nvrm_members/")]
     assert "nvrm_members/member-1/model-old.safetensors" not in listed

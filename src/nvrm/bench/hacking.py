@@ -436,7 +436,6 @@ def run_hacking(bundle: str, *, examples: int = 12, seed: int = 3_000_000, per_a
         if member_rate:
             model.watch()  # the sampled members run only while a monitor watches
             examples, over_steps = 0, 0
-            report["monitor"] = None
         report["cost"] = run_guard_cost(model, cost_group, cost_repeats) if cost_repeats else None
         report["detection"] = run_detection(model, examples, seed, attackers, per_attacker, say, squeezed=squeezed) if examples else None
         report["overoptimisation"] = run_overoptimisation(model, over_seeds, over_steps, say=say) if over_steps else None

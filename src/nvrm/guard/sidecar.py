@@ -59,10 +59,7 @@ def write_bundle_guard(bundle: str | Path, guard: Guard) -> Path:
 
 def unlist_in_manifest(manifest: Path, prefix: str) -> None:
     """Drop every entry whose path starts with ``prefix`` from a manifest of either form, keeping the rest."""
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise BundleError(f"{manifest}: not valid JSON ({e}); fix or restore it") from e
+    data = _read_manifest(manifest, "fix or restore it")
     files = data.get("files") if isinstance(data, dict) else None
     if isinstance(files, dict):
         data["files"] = {k: v for k, v in files.items() if not k.startswith(prefix)}
@@ -70,19 +67,14 @@ def unlist_in_manifest(manifest: Path, prefix: str) -> None:
         data["files"] = [f for f in files if not (isinstance(f, dict) and str(f.get("path", "")).startswith(prefix))]
     else:
         return
-    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, manifest)
+    _write_manifest(manifest, data)
 
 
 def list_in_manifest(manifest: Path, file: Path, root: Path | None = None) -> None:
     """Add (or update) ``file``'s entry in a manifest of either form, keeping every other entry and field (its path relative to
     ``root``, the bundle; default: its name)."""
     name = file.relative_to(root).as_posix() if root is not None else file.name
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise BundleError(f"{manifest}: not valid JSON ({e}); the guard was written but is not listed") from e
+    data = _read_manifest(manifest, "the file was written but is not listed")
     entry = {"sha256": sha256_file(file), "size": file.stat().st_size}
     files = data.get("files") if isinstance(data, dict) else None
     if isinstance(files, dict):
@@ -91,6 +83,18 @@ def list_in_manifest(manifest: Path, file: Path, root: Path | None = None) -> No
         data["files"] = [f for f in files if not (isinstance(f, dict) and f.get("path") == name)] + [{"path": name, **entry}]
     else:
         raise BundleError(f"{manifest}: has no 'files' object or list; the file was written but is not listed")
+    _write_manifest(manifest, data)
+
+
+def _read_manifest(manifest: Path, then: str) -> Any:
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{manifest}: not valid JSON ({e}); {then}") from e
+
+
+def _write_manifest(manifest: Path, data: Any) -> None:
+    """``data`` as the manifest, atomically (every other entry and field kept by the caller)."""
     tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, manifest)

@@ -146,16 +146,17 @@ class Pipeline:
                 self.engine.codec.patch_size if self.engine.codec is not None else 16,
             )
             doubt = self.guard.uncertainty(reading)
-            if self.members and members is not None and self.settings.members:
-                doubt = self.member_doubt(doubt, reading.reward, rows, members)
-                if self.monitor is not None:
-                    self.monitor.add_members(doubt.cpu().tolist())
-            elif self.members and members is not None and self.monitor is not None and self.monitor.draw(self.settings.member_rate):
-                try:  # the monitor's alone: a member that fails here costs its reading, never a result
-                    self.monitor.add_members(self.member_doubt(doubt, reading.reward, rows, members).cpu().tolist())
-                except Exception as e:  # noqa: BLE001
-                    logging.getLogger("nvrm").warning("the sampled members' check of %d item(s) failed; the results keep the guard's "
-                                                      "uncertainty: %s", len(rows), e)
+            if self.members and members is not None:
+                if self.settings.members:
+                    doubt = self.member_doubt(doubt, reading.reward, rows, members)
+                    if self.monitor is not None:
+                        self.monitor.add_members(doubt.cpu().tolist())
+                elif self.monitor is not None and self.monitor.draw(self.settings.member_rate):
+                    try:  # the monitor's alone: a member that fails here costs its reading, never a result
+                        self.monitor.add_members(self.member_doubt(doubt, reading.reward, rows, members).cpu().tolist())
+                    except Exception as e:  # noqa: BLE001
+                        logging.getLogger("nvrm").warning("the sampled members' check of %d item(s) failed; the results keep the "
+                                                          "guard's uncertainty: %s", len(rows), e)
             for i, u, st in zip(rows, doubt.cpu().tolist(), reading.stats.cpu().tolist()):
                 out[i] = float(u)
                 stats[i] = dict(zip(STATS, st))

@@ -38,7 +38,7 @@ def add_member(model, member: str | Path, pairs: str | Path | Sequence[Any], *, 
         raise InputError(f"member {source}", "is the bundle itself; a member must be another model (trained on other data or from another seed)")
     rows = read_pairs(pairs) if isinstance(pairs, (str, Path)) else list(pairs)
     sides = sides_of([p for p in rows if isinstance(p, Pair)])
-    other = RewardModel.from_pretrained(source, contract=model.contract, settings=model.settings.replace(members=False))
+    other = RewardModel.from_pretrained(source, contract=model.contract, settings=model.settings.replace(members=False, member_rate=0.0))
     try:
         ours, theirs_r = [], []
         by_condition: dict[tuple[str, str], list[Any]] = {}
